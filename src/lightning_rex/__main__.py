@@ -1,0 +1,48 @@
+"""Command line: ``python -m lightning_rex {bench,simulate}``.
+
+Each sub-command lives in its own module and registers its parser here; heavy imports are
+deferred so that ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with one sub-parser per command.
+
+    Returns:
+        The configured :class:`argparse.ArgumentParser`.
+    """
+    from lightning_rex import bench
+    from lightning_rex.sim import cli as sim_cli
+
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_rex",
+        description="lightning-rex: adaptive uneven micro-batches for Lightning.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench.add_parser(sub)
+    sim_cli.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: Arguments without the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The process exit code.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
