@@ -1,0 +1,29 @@
+"""lightning-rex: adaptive uneven micro-batches for PyTorch Lightning on mixed clusters.
+
+``import lightning_rex`` registers the strategies ``"rex"``, ``"rex_spawn"`` and
+``"rex_fork"`` with Lightning's ``StrategyRegistry`` (idempotently), so that
+``Trainer(strategy="rex")`` works.
+"""
+
+from lightning.pytorch.strategies import StrategyRegistry
+
+from lightning_rex.__about__ import __version__
+from lightning_rex.core.plan import Plan, even_plan, round_fractions, validate_plan
+from lightning_rex.emulator import HeterogeneityEmulator
+from lightning_rex.loader import RexDataLoader
+from lightning_rex.sampler import UnevenBatchSampler
+from lightning_rex.strategy import RexStrategy
+
+RexStrategy.register_strategies(StrategyRegistry)
+
+__all__ = [
+    "HeterogeneityEmulator",
+    "Plan",
+    "RexDataLoader",
+    "RexStrategy",
+    "UnevenBatchSampler",
+    "__version__",
+    "even_plan",
+    "round_fractions",
+    "validate_plan",
+]
