@@ -1,0 +1,176 @@
+"""UnevenBatchSampler: coverage, equal counts, DDP equivalence and resume, in-process."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import BatchSampler, DistributedSampler
+
+from lightning_rex.core.plan import even_plan
+from lightning_rex.sampler import UnevenBatchSampler
+
+
+def _random_plan(rng: random.Random, total: int, n: int) -> tuple[int, ...]:
+    cuts = sorted(rng.sample(range(1, total), n - 1)) if n > 1 else []
+    bounds = [0, *cuts, total]
+    return tuple(bounds[i + 1] - bounds[i] for i in range(n))
+
+
+def _ranks(n_samples: int, bs: int, world: int, accumulate: int, drop_last: bool, seed: int,
+           plan: tuple[int, ...] | None = None) -> list[UnevenBatchSampler]:
+    plan = plan or even_plan(bs * world, world)
+    return [
+        UnevenBatchSampler(n_samples, bs * world, plan, r, seed=seed, drop_last=drop_last,
+                           accumulate_grad_batches=accumulate)
+        for r in range(world)
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n_samples=st.integers(0, 300),
+    bs=st.integers(1, 12),
+    world=st.integers(1, 6),
+    accumulate=st.integers(1, 3),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 10_000),
+    schedule_seed=st.integers(0, 10_000),
+)
+def test_coverage_under_random_plan_changes(n_samples: int, bs: int, world: int, accumulate: int,
+                                            drop_last: bool, seed: int, schedule_seed: int) -> None:
+    total = bs * world
+    samplers = _ranks(n_samples, bs, world, accumulate, drop_last, seed)
+    rng = random.Random(schedule_seed)
+    for epoch in range(2):
+        for s in samplers:
+            s.set_epoch(epoch)
+        iters = [iter(s) for s in samplers]
+        per_rank: list[list[list[int]]] = [[] for _ in range(world)]
+        # ranks prefetch different amounts ahead of each other, like DataLoader workers
+        done = [False] * world
+        while not all(done):
+            for r in range(world):
+                for _ in range(rng.randint(0, 2)):
+                    if done[r]:
+                        break
+                    try:
+                        per_rank[r].append(next(iters[r]))
+                    except StopIteration:
+                        done[r] = True
+            if rng.random() < 0.3 and total > world:
+                fetched = max(s.last_fetched_step() for s in samplers)
+                step = fetched + 1 + rng.randint(0, 2)
+                new = _random_plan(rng, total, world)
+                for s in samplers:
+                    s.schedule_plan(new, step)
+        counts = {len(b) for b in per_rank}
+        assert len(counts) == 1, "every rank yields the same number of batches"
+        nb = counts.pop()
+        assert nb == len(samplers[0])
+        perm = list(iter(samplers[0].sampler))
+        seen: list[int] = []
+        for k in range(nb):
+            parts = [per_rank[r][k] for r in range(world)]
+            assert all(len(p) >= 1 for p in parts), "no empty micro-batch"
+            glob = [i for p in parts for i in p]
+            assert glob == perm[k * total : k * total + len(glob)], "contiguous slices of one permutation"
+            assert list(map(len, parts)) == list(samplers[0].sizes_for_batch(k))
+            seen += glob
+        assert len(seen) == len(set(seen)), "no sample twice"
+        full, rem = divmod(n_samples, total)
+        expect = full * total + (rem if (rem >= world and not drop_last) else 0)
+        assert sorted(seen) == sorted(perm[:expect]), "every kept sample exactly once"
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_samples=st.integers(1, 300), bs=st.integers(1, 10), world=st.integers(1, 5),
+       seed=st.integers(0, 1000), epoch=st.integers(0, 3))
+def test_even_plan_matches_ddp_global_batches(n_samples: int, bs: int, world: int, seed: int,
+                                              epoch: int) -> None:
+    samplers = _ranks(n_samples, bs, world, 1, False, seed)
+    ddp = []
+    for r in range(world):
+        ds = DistributedSampler(range(n_samples), num_replicas=world, rank=r, shuffle=True, seed=seed)
+        ds.set_epoch(epoch)
+        ddp.append(list(BatchSampler(ds, bs, drop_last=False)))
+    for s in samplers:
+        s.set_epoch(epoch)
+    ours = [list(s) for s in samplers]
+    full = n_samples // (bs * world)
+    for k in range(full):
+        assert sorted(i for r in range(world) for i in ours[r][k]) == sorted(
+            i for r in range(world) for i in ddp[r][k]
+        )
+
+
+def test_final_batch_smaller_than_world_is_dropped() -> None:
+    s = _ranks(64 * 2 + 3, 16, 4, 1, False, 0)
+    assert len(s[0]) == 2  # 3 leftover samples < 4 ranks
+    s = _ranks(64 * 2 + 4, 16, 4, 1, False, 0)
+    assert len(s[0]) == 3 and s[0].sizes_for_batch(2) == (1, 1, 1, 1)
+
+
+def test_final_batch_split_in_proportion() -> None:
+    s = UnevenBatchSampler(64 + 20, 64, (48, 16), 0)
+    assert s.sizes_for_batch(1) == (15, 5)
+
+
+def test_set_epoch_reaches_the_permutation_through_dot_sampler() -> None:
+    s = UnevenBatchSampler(100, 10, (6, 4), 0)
+    a = list(s)
+    s.sampler.set_epoch(1)  # what Lightning calls: loader.batch_sampler.sampler.set_epoch
+    assert s.epoch == 1 and list(s) != a
+
+
+def test_plan_change_waits_for_fetched_batches_and_accumulation_windows() -> None:
+    s = UnevenBatchSampler(640, 64, (32, 32), 0, accumulate_grad_batches=2)
+    it = iter(s)
+    for _ in range(3):  # batches 0,1 (step 0) and 2 (step 1) fetched
+        next(it)
+    assert s.last_fetched_step() == 1
+    with pytest.raises(ValueError, match="already fetched"):
+        s.schedule_plan((48, 16), 1)
+    s.schedule_plan((48, 16), 2)
+    sizes = [len(next(it)) for _ in range(3)]  # batch 3 (step 1), batches 4,5 (step 2)
+    assert sizes == [32, 48, 48]
+
+
+@pytest.mark.parametrize("consumed", [0, 3, 7, 10])
+def test_state_dict_resume_continues_exactly(consumed: int) -> None:
+    def make() -> UnevenBatchSampler:
+        return UnevenBatchSampler(10 * 24 + 5, 24, (16, 8), 1, seed=3)
+
+    a = make()
+    a.set_epoch(2)
+    it = iter(a)
+    got = [next(it) for _ in range(consumed)]
+    a.schedule_plan((4, 20), a.last_fetched_step() + 1)
+    rest_a = list(it)
+    state = a.state_dict(consumed=consumed)
+
+    b = make()
+    b.load_state_dict(state)
+    assert b.epoch == 2 and b.schedule == a.schedule
+    rest_b = list(b)
+    if consumed < len(a):
+        assert rest_b == rest_a
+    assert len(got) + len(rest_a) == len(a)
+
+
+def test_load_state_dict_rejects_another_world() -> None:
+    a = UnevenBatchSampler(100, 20, (10, 10), 0)
+    b = UnevenBatchSampler(100, 30, (10, 10, 10), 0)
+    with pytest.raises(ValueError, match="world_size|global_batch"):
+        b.load_state_dict(a.state_dict(consumed=1))
+
+
+def test_permutation_is_ddps_randperm() -> None:
+    s = UnevenBatchSampler(50, 10, (5, 5), 0, seed=11)
+    s.set_epoch(4)
+    g = torch.Generator()
+    g.manual_seed(15)
+    assert list(iter(s.sampler)) == torch.randperm(50, generator=g).tolist()
