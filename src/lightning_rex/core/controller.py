@@ -1,0 +1,367 @@
+"""The REX controller: a state machine that turns windows into plan decisions.
+
+States and transitions, one :meth:`Controller.observe` call per window:
+
+* **steady** (the current plan is in force). The window's per-rank medians go into the
+  :class:`~lightning_rex.core.model.RankTimeModel`; the imbalance test runs on it. A rescale
+  is considered only when the imbalance is *persistent*: the test on the last ``persistence``
+  windows pooled is significant for some rank (Holm, ``alpha``, effect above
+  ``1 + min_effect``), and every one of those windows on its own points the same way for that
+  rank (raw one-sided p below ``consistency``). A transient straggler, one bad window, fails
+  the second condition. Then the model's hyperparameters are refitted, the planner proposes
+  the minimax plan, and the decision is **propose** if the plan differs and its predicted step
+  time beats the current plan's by at least ``min_gain``; otherwise **hold**.
+* **validating** (a proposal is out). Windows still measured under the old plan only teach the
+  model (**hold**). The first window under the new plan is checked for *non-inferiority*:
+  **rollback** (to the previous plan) when its per-step synchronous times are significantly
+  slower than the window before the change (one-sided U test, ESS corrected, and slower by
+  more than ``margin``), or when it is clearly slower than the model predicted; otherwise
+  **accept**. Requiring a significant improvement would reject real gains of a few percent.
+  Observations from a rolled-back plan stay in the model.
+* **rolling back**: windows under the rejected plan are ignored until the old one is back.
+
+Windows measured under a plan other than the expected one are never used for decisions.
+Bounds (``min_size``, per-rank memory caps) can change at run time with
+:meth:`Controller.set_bounds`; when the plan in force breaks them, the next window yields a
+proposal that respects them. Everything is deterministic for a seed, and
+:meth:`Controller.state_dict` / :meth:`Controller.load_state_dict` round-trip the full state as
+JSON-able data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from lightning_rex.core.model import RankTimeModel
+from lightning_rex.core.plan import Plan, even_plan, validate_plan
+from lightning_rex.core.planner import exploration_kappa, resolve_bounds, water_fill
+from lightning_rex.core.significance import ImbalanceResult, imbalance_test
+from lightning_rex.core.window import Window
+
+__all__ = ["Controller", "Decision"]
+
+DecisionKind = Literal["hold", "propose", "accept", "rollback"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the controller decided after one window.
+
+    Attributes:
+        kind: ``"hold"``, ``"propose"``, ``"accept"`` or ``"rollback"``.
+        plan: The plan to apply now: the new plan for propose, the previous plan for
+            rollback, None for hold and accept.
+        predicted_step_s: The model's predicted synchronous compute time (max over ranks) of
+            the proposed plan (propose), or of the plan under validation (accept/rollback).
+        measured_step_s: The window's measured max over ranks of per-rank medians.
+        significance: The window's imbalance test (None before any test ran).
+        reason: A short human-readable explanation.
+        step_end: The last step (exclusive) of the window that led to this decision.
+    """
+
+    kind: DecisionKind
+    plan: Plan | None
+    predicted_step_s: float | None
+    measured_step_s: float | None
+    significance: ImbalanceResult | None
+    reason: str
+    step_end: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, with the significance summarised."""
+        return {
+            "kind": self.kind,
+            "plan": None if self.plan is None else list(self.plan),
+            "predicted_step_s": self.predicted_step_s,
+            "measured_step_s": self.measured_step_s,
+            "significance": None if self.significance is None else self.significance.to_dict(),
+            "reason": self.reason,
+            "step_end": self.step_end,
+        }
+
+
+class Controller:
+    """Decide when to rescale and to what, from per-rank step-time windows.
+
+    Args:
+        global_batch: The global batch ``B`` (fixed).
+        world_size: The number of ranks ``N``.
+        alpha: Family-wise significance level of the imbalance test.
+        min_effect: Practical effect threshold on the median ratio (default 5%).
+        persistence: Consecutive windows an imbalance must hold before a rescale (``m``).
+        min_size: The smallest micro-batch any rank may get.
+        max_sizes: Per-rank caps (memory), None entries for no cap.
+        seed: Seed for everything random (hyperparameter-fit subsets).
+        initial_plan: The plan in force at the start; the even split when None.
+        consistency: Raw one-sided p-value each of the ``persistence`` windows must reach on
+            its own for the flagged rank.
+        min_gain: Smallest predicted relative step-time gain worth a proposal.
+        margin: Non-inferiority margin: a new plan is rolled back only when it is
+            significantly slower than the old by more than this fraction.
+        tolerance: A new plan is also rolled back when its measured step time exceeds the
+            prediction by more than this fraction (plus a noise allowance).
+        explore: Exploration width: the planner uses ``mean - explore / sqrt(n) * sd``.
+        num_basis: Spline basis functions of the rank time model.
+        memory: Age in windows at which old observations' weight has dropped by ``e``.
+    """
+
+    def __init__(
+        self,
+        global_batch: int,
+        world_size: int,
+        *,
+        alpha: float = 0.01,
+        min_effect: float = 0.05,
+        persistence: int = 2,
+        min_size: int = 1,
+        max_sizes: Sequence[int | None] | None = None,
+        seed: int = 0,
+        initial_plan: Sequence[int] | None = None,
+        consistency: float = 0.01,
+        min_gain: float = 0.01,
+        margin: float = 0.02,
+        tolerance: float = 0.10,
+        explore: float = 0.5,
+        num_basis: int = 10,
+        memory: float = 12.0,
+    ) -> None:
+        if not 0 < alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if persistence < 1:
+            raise ValueError(f"persistence must be >= 1, got {persistence}")
+        self.global_batch = int(global_batch)
+        self.world_size = int(world_size)
+        self.alpha = float(alpha)
+        self.min_effect = float(min_effect)
+        self.persistence = int(persistence)
+        self.seed = int(seed)
+        self.consistency = float(consistency)
+        self.min_gain = float(min_gain)
+        self.margin = float(margin)
+        self.tolerance = float(tolerance)
+        self.explore = float(explore)
+        self.min_size = int(min_size)
+        self.max_sizes: list[int | None] | None = None
+        self._lo, self._hi = resolve_bounds(world_size, global_batch, min_size, max_sizes)
+        self.max_sizes = None if max_sizes is None else list(max_sizes)
+        plan = even_plan(global_batch, world_size) if initial_plan is None else initial_plan
+        self._plan: Plan = validate_plan(plan, global_batch, world_size, name="initial_plan")
+        self.model = RankTimeModel(
+            world_size,
+            global_batch,
+            global_batch - (world_size - 1),
+            num_basis=num_basis,
+            memory=memory,
+            seed=seed,
+        )
+        self._state: str = "steady"
+        self._pending: Plan | None = None
+        self._previous: Plan | None = None
+        self._predicted: float | None = None
+        self._baseline: list[float] | None = None
+        self._recent: list[list[list[float]]] = []
+        self._fitted_at = -1
+        self.windows_seen = 0
+
+    # ------------------------------------------------------------------ API
+    @property
+    def plan(self) -> Plan:
+        """The plan the controller believes is in force (or about to be)."""
+        return self._plan
+
+    @property
+    def state(self) -> str:
+        """``"steady"``, ``"validating"`` or ``"rolling_back"``."""
+        return self._state
+
+    def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
+        """Change the size bounds; the next proposal respects them.
+
+        Args:
+            min_size: The smallest micro-batch for every rank.
+            max_sizes: Per-rank caps (None entries for no cap), or None.
+        """
+        self._lo, self._hi = resolve_bounds(self.world_size, self.global_batch, min_size, max_sizes)
+        self.min_size = int(min_size)
+        self.max_sizes = None if max_sizes is None else list(max_sizes)
+
+    def rank_model_summary(self) -> dict[str, list[float]]:
+        """Per-rank fitted overhead (``overhead_s``) and rate (``rate``, samples/s)."""
+        return self.model.summary()
+
+    def observe(self, window: Window) -> Decision:
+        """Take one window and decide.
+
+        Args:
+            window: The window's samples and the plan they were measured under.
+
+        Returns:
+            The :class:`Decision`.
+
+        Raises:
+            ValueError: If the window has the wrong number of ranks.
+        """
+        if window.n_ranks != self.world_size:
+            raise ValueError(f"window has {window.n_ranks} ranks, expected {self.world_size}")
+        self.windows_seen += 1
+        sig = imbalance_test(window.times, alpha=self.alpha, min_effect=self.min_effect)
+        k = window.n_steps
+        logs = np.log(window.times)
+        rel_var = float(np.median(logs.var(axis=1))) * (math.pi / 2) * sig.inflation / k
+        self.model.add(window.plan, window.medians, rel_var)
+        measured = float(window.medians.max())
+
+        def decide(
+            kind: DecisionKind, plan: Plan | None, reason: str, pred: float | None = None
+        ) -> Decision:
+            return Decision(kind, plan, pred, measured, sig, reason, window.step_end)
+
+        if self._state == "validating":
+            if window.plan == self._previous:
+                return decide("hold", None, "new plan not yet in force", self._predicted)
+            if window.plan != self._pending:
+                return decide("hold", None, "window under an unexpected plan: ignored")
+            return self._validate(window, sig, measured, decide)
+        if self._state == "rolling_back":
+            if window.plan != self._plan:
+                return decide("hold", None, "rollback not yet in force")
+            self._state = "steady"
+        if window.plan != self._plan:
+            return decide("hold", None, "window under an unexpected plan: ignored")
+        if self._violates_bounds(self._plan):
+            return self._propose(
+                window, "the plan in force breaks the size bounds", decide, force=True
+            )
+        self._recent.append(window.times.tolist())
+        self._recent = self._recent[-self.persistence :]
+        if len(self._recent) < self.persistence:
+            return decide("hold", None, "imbalanced" if sig.imbalanced else "balanced")
+        flagged = self._persistent()
+        if not flagged:
+            why = "transient imbalance" if sig.imbalanced else "balanced"
+            return decide("hold", None, why)
+        return self._propose(window, f"persistent imbalance on ranks {flagged[:8]}", decide)
+
+    # -------------------------------------------------------------- internals
+    def _violates_bounds(self, plan: Plan) -> bool:
+        b = np.asarray(plan)
+        return bool(np.any(b < self._lo) or np.any(b > self._hi))
+
+    def _persistent(self) -> list[int]:
+        wins = [np.asarray(w) for w in self._recent]
+        pooled = imbalance_test(
+            np.concatenate(wins, axis=1), alpha=self.alpha, min_effect=self.min_effect
+        )
+        each = [imbalance_test(w, alpha=self.alpha, min_effect=self.min_effect) for w in wins]
+        thr = 1.0 + self.min_effect
+        out = []
+        for r in pooled.slow_ranks:
+            if all(e.raw_p_values[r] < self.consistency and e.effect[r] > thr for e in each):
+                out.append(r)
+        for r in pooled.fast_ranks:
+            if all(
+                e.raw_p_values_fast[r] < self.consistency and e.effect[r] < 1 / thr for e in each
+            ):
+                out.append(r)
+        return sorted(out)
+
+    def _best_plan(self) -> tuple[Plan, float, float]:
+        if self._fitted_at != self.model.n_obs:
+            self.model.fit_hyperparameters()
+            self._fitted_at = self.model.n_obs
+        g = int(self._hi.max())
+        sizes = np.arange(1, g + 1)
+        mean, sd = self.model.predict_grid(sizes)
+        kappa = exploration_kappa(self.explore, self.model.n_obs)
+        plan = water_fill(mean - kappa * sd, self.global_batch, self._lo, self._hi)
+        rows = np.arange(self.world_size)
+        pred_new = float(mean[rows, np.asarray(plan) - 1].max())
+        cur = np.clip(np.asarray(self._plan), 1, g)
+        pred_cur = float(mean[rows, cur - 1].max())
+        return plan, pred_new, pred_cur
+
+    def _propose(self, window: Window, reason: str, decide: Any, force: bool = False) -> Decision:
+        plan, pred_new, pred_cur = self._best_plan()
+        if not force and (plan == self._plan or pred_new > pred_cur * (1.0 - self.min_gain)):
+            return decide("hold", None, f"{reason}; no plan predicted {self.min_gain:.0%} faster")
+        self._previous, self._pending = self._plan, plan
+        self._plan = plan
+        self._predicted = pred_new
+        self._baseline = window.step_max.tolist()
+        self._state = "validating"
+        self._recent = []
+        return decide("propose", plan, reason, pred_new)
+
+    def _validate(
+        self, window: Window, sig: ImbalanceResult, measured: float, decide: Any
+    ) -> Decision:
+        assert self._baseline is not None and self._previous is not None
+        new = window.step_max
+        base = np.asarray(self._baseline)
+        k = min(new.size, base.size)
+        test = imbalance_test(np.stack([new[-k:], base[-k:]]), alpha=self.alpha, min_effect=0.0)
+        ratio = float(np.median(new) / np.median(base))
+        slower = bool(test.raw_p_values[0] < self.alpha and ratio > 1.0 + self.margin)
+        pred = float(self.model.predict(window.plan).max())
+        allowance = 3.0 * math.sqrt(
+            self.model.rel_var[-1] * 2.0 * math.log(max(self.world_size, 2))
+        )
+        off_model = measured > pred * (1.0 + self.tolerance + allowance)
+        predicted = self._predicted
+        self._baseline = None
+        self._recent = [window.times.tolist()]
+        if slower or off_model:
+            why = (
+                f"new plan significantly slower than before (x{ratio:.3f})"
+                if slower
+                else f"new plan slower than predicted ({measured:.4g}s vs {pred:.4g}s)"
+            )
+            back = self._previous
+            self._plan, self._pending, self._previous = back, None, None
+            self._state = "rolling_back"
+            self._recent = []
+            return decide("rollback", back, why, predicted)
+        self._pending, self._previous = None, None
+        self._state = "steady"
+        return decide("accept", None, f"non-inferior (x{ratio:.3f} vs before)", predicted)
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """The full state as JSON-able data (configuration is not included)."""
+        return {
+            "plan": list(self._plan),
+            "state": self._state,
+            "pending": None if self._pending is None else list(self._pending),
+            "previous": None if self._previous is None else list(self._previous),
+            "predicted": self._predicted,
+            "baseline": self._baseline,
+            "recent": self._recent,
+            "fitted_at": self._fitted_at,
+            "windows_seen": self.windows_seen,
+            "min_size": self.min_size,
+            "max_sizes": self.max_sizes,
+            "model": self.model.state_dict(),
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output into a controller built with the same arguments.
+
+        Args:
+            d: A dict from :meth:`state_dict` (possibly through a JSON round trip).
+        """
+        self.set_bounds(int(d["min_size"]), d["max_sizes"])
+        self._plan = tuple(int(b) for b in d["plan"])
+        self._state = str(d["state"])
+        self._pending = None if d["pending"] is None else tuple(int(b) for b in d["pending"])
+        self._previous = None if d["previous"] is None else tuple(int(b) for b in d["previous"])
+        self._predicted = None if d["predicted"] is None else float(d["predicted"])
+        self._baseline = None if d["baseline"] is None else [float(x) for x in d["baseline"]]
+        self._recent = [[[float(x) for x in row] for row in w] for w in d["recent"]]
+        self._fitted_at = int(d["fitted_at"])
+        self.windows_seen = int(d["windows_seen"])
+        self.model.load_state_dict(d["model"])

@@ -1,0 +1,295 @@
+"""Per-rank compute-time model: an affine prior mean plus a spline-kernel GP residual.
+
+Every rank's compute time for micro-batch ``b`` is modelled as
+
+    t_r(b) = a_r + b / rate_r + f_r(x),   x = b / b_max,   f_r ~ GP(0, s^2 k_spline)
+
+where ``k_spline`` is :class:`~lightning_rex.core.kernels.SplineKernel`. Compute time is
+affine, not proportional, in ``b`` (``a_r = 0`` is the proportional model of LBB and BOA);
+the GP residual captures the knee of an under-filled GPU and the memory wall.
+
+Scale. The spline kernel has finite rank, so the GP is Bayesian linear regression on the
+features ``[1, b / b_ref, phi(x)]`` with a Gaussian prior on the affine coefficients. That
+posterior is computed in closed form, batched over all ranks in torch float64 (one
+``D x D`` Cholesky per rank, ``D = 2 + num_basis``), which takes milliseconds at 4096 ranks,
+where a batched exact GP fit takes minutes. Units are relative: each rank's times are divided
+by its first observed median, so one set of hyperparameters serves every rank.
+
+Hyperparameters. The residual scale ``s^2`` is fitted with BoTorch: a batched
+:class:`botorch.models.SingleTaskGP` (float64, affine :class:`gpytorch.means.LinearMean`,
+``ScaleKernel(SplineKernel)``, the measured window-median variances as fixed noise) on a
+seeded subset of at most ``fit_ranks`` ranks, optimised by :func:`botorch.fit.fit_gpytorch_mll`;
+the median over the subset is shared. The controller refits only when it needs a proposal.
+
+Cold start. With one observation per rank the prior decides the split between overhead and
+rate: ``a ~ N(0, 0.3^2)`` (relative), so the first proposal is close to the proportional plan;
+the second plan's observations identify the affine part. Old observations are down-weighted
+(their noise variance grows by ``exp(age / memory)``) so that drift and events are tracked.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_rex.core.kernels import SplineKernel
+
+__all__ = ["RankTimeModel"]
+
+_DT = torch.float64
+
+
+class RankTimeModel:
+    """Batched per-rank time model over one set of ranks.
+
+    Args:
+        world_size: The number of ranks ``N``.
+        global_batch: The global batch ``B``; ``b_ref = B / N`` normalizes the affine term.
+        b_max: The largest micro-batch any rank may get; the spline domain is ``[0, b_max]``.
+        num_basis: Number of spline basis functions.
+        outputscale: Initial residual variance ``s^2`` in relative units.
+        overhead_prior_sd: Prior standard deviation of the relative overhead ``a``.
+        slope_prior_sd: Prior standard deviation of the relative slope, as a fraction of its
+            prior mean.
+        memory: Age (in windows) at which an observation's weight has dropped by ``e``.
+        max_history: The most windows kept; older ones are dropped.
+        fit_ranks: Size of the rank subset for the BoTorch hyperparameter fit.
+        seed: Seed of the subset choice (with the fit count, so refits are reproducible).
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        global_batch: int,
+        b_max: int,
+        *,
+        num_basis: int = 10,
+        outputscale: float = 0.02**2,
+        overhead_prior_sd: float = 0.3,
+        slope_prior_sd: float = 0.5,
+        memory: float = 12.0,
+        max_history: int = 48,
+        fit_ranks: int = 16,
+        seed: int = 0,
+    ) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if b_max < 1:
+            raise ValueError(f"b_max must be >= 1, got {b_max}")
+        self.world_size = int(world_size)
+        self.b_ref = float(global_batch) / world_size
+        self.b_max = int(b_max)
+        self.kernel = SplineKernel(num_basis)
+        self.outputscale = float(outputscale)
+        self.overhead_prior_sd = float(overhead_prior_sd)
+        self.slope_prior_sd = float(slope_prior_sd)
+        self.memory = float(memory)
+        self.max_history = int(max_history)
+        self.fit_ranks = int(fit_ranks)
+        self.seed = int(seed)
+        self.n_fits = 0
+        self.scale: np.ndarray | None = None
+        self.first_u: np.ndarray | None = None
+        self.sizes: list[list[int]] = []
+        self.medians: list[list[float]] = []
+        self.rel_var: list[float] = []
+        self._post: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ----------------------------------------------------------------- data
+    @property
+    def n_obs(self) -> int:
+        """The number of windows held."""
+        return len(self.sizes)
+
+    def add(self, plan: tuple[int, ...], medians: np.ndarray, rel_var: float) -> None:
+        """Add one window's per-rank medians.
+
+        Args:
+            plan: The sizes the window ran under.
+            medians: Per-rank median compute time, seconds, shape ``(N,)``.
+            rel_var: Variance of a window median relative to its value (shared by ranks).
+        """
+        med = np.asarray(medians, dtype=np.float64)
+        if self.scale is None:
+            self.scale = med.copy()
+            self.first_u = np.asarray(plan, dtype=np.float64) / self.b_ref
+        self.sizes.append([int(b) for b in plan])
+        self.medians.append([float(m) for m in med])
+        self.rel_var.append(float(max(rel_var, 1e-8)))
+        if len(self.sizes) > self.max_history:
+            del self.sizes[0], self.medians[0], self.rel_var[0]
+        self._post = None
+
+    def _features(self, b: torch.Tensor) -> torch.Tensor:
+        u = b / self.b_ref
+        phi = self.kernel.features((b / self.b_max).unsqueeze(-1))
+        return torch.cat([torch.ones_like(u).unsqueeze(-1), u.unsqueeze(-1), phi], dim=-1)
+
+    def _prior(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.first_u is not None
+        n, m = self.world_size, self.kernel.num_basis
+        c0 = torch.as_tensor(1.0 / self.first_u, dtype=_DT)
+        mean = torch.zeros(n, 2 + m, dtype=_DT)
+        mean[:, 1] = c0
+        var = torch.empty(n, 2 + m, dtype=_DT)
+        var[:, 0] = self.overhead_prior_sd**2
+        var[:, 1] = (self.slope_prior_sd * c0) ** 2
+        var[:, 2:] = self.outputscale
+        return mean, var
+
+    def _data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        assert self.scale is not None
+        b = torch.as_tensor(np.asarray(self.sizes, dtype=np.float64).T)  # (N, W)
+        y = torch.as_tensor(np.asarray(self.medians).T / self.scale[:, None])  # (N, W)
+        age = torch.arange(len(self.sizes) - 1, -1, -1, dtype=_DT)
+        v = torch.as_tensor(self.rel_var, dtype=_DT) * torch.exp(age / self.memory)
+        return b, y, v
+
+    def _posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._post is None:
+            if self.scale is None:
+                raise RuntimeError("the model has no observations yet")
+            b, y, v = self._data()
+            phi = self._features(b)  # (N, W, D)
+            m0, p0 = self._prior()
+            prec = 1.0 / v
+            a = torch.diag_embed(1.0 / p0) + phi.transpose(-1, -2) @ (prec[:, None] * phi)
+            rhs = m0 / p0 + (phi * (prec * y).unsqueeze(-1)).sum(-2)
+            chol = torch.linalg.cholesky(a)
+            mu = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
+            cov = torch.cholesky_inverse(chol)
+            self._post = (mu, cov)
+        return self._post
+
+    # ------------------------------------------------------------- predict
+    def predict_grid(
+        self, sizes: np.ndarray, var_points: int = 96
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation of every rank's time on a size grid.
+
+        Args:
+            sizes: Increasing micro-batch sizes, shape ``(G,)``.
+            var_points: The variance is computed on at most this many grid points and
+                linearly interpolated in between (it is smooth), to bound the cost.
+
+        Returns:
+            ``(mean, sd)``, both shape ``(N, G)`` in seconds.
+        """
+        assert self.scale is not None
+        mu, cov = self._posterior()
+        grid = torch.as_tensor(np.asarray(sizes, dtype=np.float64))
+        feats = self._features(grid)  # (G, D)
+        mean = (mu @ feats.T).numpy()
+        g = grid.numel()
+        idx = np.unique(np.linspace(0, g - 1, min(g, var_points)).round().astype(np.int64))
+        fc = feats[idx]
+        d = fc.shape[-1]
+        outer = (fc.unsqueeze(-1) * fc.unsqueeze(-2)).reshape(len(idx), d * d)
+        var_c = (cov.reshape(self.world_size, d * d) @ outer.T).clamp_min(0.0).numpy()
+        var = (
+            np.stack([np.interp(np.arange(g), idx, row) for row in var_c])
+            if len(idx) < g
+            else var_c
+        )
+        s = self.scale[:, None]
+        return mean * s, np.sqrt(var) * s
+
+    def predict(self, plan: tuple[int, ...]) -> np.ndarray:
+        """Posterior mean time of every rank at its size in ``plan``, seconds, shape (N,)."""
+        assert self.scale is not None
+        mu, _ = self._posterior()
+        feats = self._features(torch.as_tensor(np.asarray(plan, dtype=np.float64)))
+        return (mu * feats).sum(-1).numpy() * self.scale
+
+    def summary(self) -> dict[str, list[float]]:
+        """Fitted per-rank affine parts: ``overhead_s`` (a_r) and ``rate`` (samples/s).
+
+        Returns:
+            A dict of lists, one entry per rank; a rate is ``inf`` when the fitted slope is
+            not positive.
+        """
+        if self.scale is None:
+            return {"overhead_s": [], "rate": []}
+        mu, _ = self._posterior()
+        a = mu[:, 0].numpy() * self.scale
+        slope = mu[:, 1].numpy() * self.scale / self.b_ref
+        rate = np.where(slope > 0, 1.0 / np.maximum(slope, 1e-300), math.inf)
+        return {"overhead_s": [float(x) for x in a], "rate": [float(x) for x in rate]}
+
+    # ---------------------------------------------------------------- fit
+    def fit_hyperparameters(self) -> float:
+        """Refit the residual scale ``s^2`` with BoTorch on a seeded subset of ranks.
+
+        Skipped (the current value is kept) with fewer than 3 windows or one distinct size.
+
+        Returns:
+            The residual scale in use afterwards.
+        """
+        if self.n_obs < 3 or self.scale is None:
+            return self.outputscale
+        from botorch.fit import fit_gpytorch_mll
+        from botorch.models import SingleTaskGP
+        from gpytorch.kernels import ScaleKernel
+        from gpytorch.means import LinearMean
+        from gpytorch.mlls import ExactMarginalLogLikelihood
+
+        b, y, v = self._data()
+        rng = np.random.default_rng([self.seed, self.n_fits])
+        self.n_fits += 1
+        n_sub = min(self.world_size, self.fit_ranks)
+        sub = np.sort(rng.choice(self.world_size, size=n_sub, replace=False))
+        bs = b[sub]
+        if bool((bs.max(dim=1).values == bs.min(dim=1).values).all()):
+            return self.outputscale
+        shape = torch.Size([n_sub])
+        x = (bs / self.b_max).unsqueeze(-1)
+        gp = SingleTaskGP(
+            x,
+            y[sub].unsqueeze(-1),
+            train_Yvar=v.expand(n_sub, -1).unsqueeze(-1).clone(),
+            covar_module=ScaleKernel(SplineKernel(self.kernel.num_basis), batch_shape=shape),
+            mean_module=LinearMean(1, batch_shape=shape),
+            outcome_transform=None,
+        )
+        mll = ExactMarginalLogLikelihood(gp.likelihood, gp)
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed + self.n_fits)
+            try:
+                fit_gpytorch_mll(mll)
+            except Exception:  # keep the previous scale if BoTorch cannot fit
+                return self.outputscale
+        scale = float(gp.covar_module.outputscale.detach().median())
+        self.outputscale = float(min(max(scale, 1e-6), 0.25))
+        self._post = None
+        return self.outputscale
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: observations, scale, hyperparameters and fit count."""
+        return {
+            "outputscale": self.outputscale,
+            "n_fits": self.n_fits,
+            "scale": None if self.scale is None else [float(s) for s in self.scale],
+            "first_u": None if self.first_u is None else [float(s) for s in self.first_u],
+            "sizes": [list(r) for r in self.sizes],
+            "medians": [list(r) for r in self.medians],
+            "rel_var": list(self.rel_var),
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Args:
+            d: A dict from :meth:`state_dict`.
+        """
+        self.outputscale = float(d["outputscale"])
+        self.n_fits = int(d["n_fits"])
+        self.scale = None if d["scale"] is None else np.asarray(d["scale"], dtype=np.float64)
+        self.first_u = None if d["first_u"] is None else np.asarray(d["first_u"], dtype=np.float64)
+        self.sizes = [[int(b) for b in r] for r in d["sizes"]]
+        self.medians = [[float(m) for m in r] for r in d["medians"]]
+        self.rel_var = [float(v) for v in d["rel_var"]]
+        self._post = None

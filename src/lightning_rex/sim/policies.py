@@ -1,0 +1,282 @@
+"""Rescaling policies the simulator can drive, all behind one interface.
+
+A policy is any object with
+
+* ``name: str``,
+* ``reset(info: PolicyInfo) -> None``: called once before the run, and
+* ``observe(window: Window) -> Plan | None``: called after every window; a plan returned is
+  applied from the next window on (None keeps the current plan).
+
+A policy may also have ``rollbacks: int`` (reported as such) and, for the oracle only,
+``plan_at(step) -> Plan``, which the engine consults at every step so that it can switch
+exactly at event boundaries. Users plug in their own with
+``lightning_rex.sim.run(scenario, MyPolicy(), seed)``.
+
+Built in: ``even`` (what DDP does), ``static`` (LBB-like: profile two windows, fit an affine
+time per rank, solve once), ``proportional`` (OmniLearn-like:
+``db_r = -(b_r / t_r)(t_r - mean t)`` once a window, with a 20% deadband), ``rex`` (a thin
+adapter over :class:`lightning_rex.core.controller.Controller`) and ``oracle`` (knows the
+noise-free curves and the events and re-plans at every event boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.plan import Plan, round_fractions
+from lightning_rex.core.planner import resolve_bounds, water_fill
+from lightning_rex.core.window import Window
+from lightning_rex.sim.scenario import Scenario
+
+__all__ = [
+    "EvenPolicy",
+    "OraclePolicy",
+    "Policy",
+    "PolicyInfo",
+    "ProportionalPolicy",
+    "RexPolicy",
+    "StaticPolicy",
+    "make_policy",
+]
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What a policy is told before a run.
+
+    Attributes:
+        global_batch: The global batch ``B``.
+        world_size: The number of ranks ``N``.
+        window: Steps per window.
+        min_size: The smallest micro-batch.
+        max_sizes: Per-rank memory caps (None for none).
+        initial_plan: The plan in force at step 0 (the even split).
+        seed: The run's seed.
+    """
+
+    global_batch: int
+    world_size: int
+    window: int
+    min_size: int
+    max_sizes: tuple[int | None, ...]
+    initial_plan: Plan
+    seed: int
+
+
+class Policy(Protocol):
+    """The policy interface (see the module docstring)."""
+
+    name: str
+
+    def reset(self, info: PolicyInfo) -> None:
+        """Prepare for a run."""
+
+    def observe(self, window: Window) -> Plan | None:
+        """Return a new plan to apply from the next window, or None."""
+
+
+def _bounds(info: PolicyInfo) -> tuple[np.ndarray, np.ndarray]:
+    return resolve_bounds(info.world_size, info.global_batch, info.min_size, info.max_sizes)
+
+
+def fit_plan(sizes: np.ndarray, info: PolicyInfo) -> Plan:
+    """Round real sizes to an integer plan summing to ``B`` inside the bounds.
+
+    Args:
+        sizes: Desired real sizes, shape ``(N,)``.
+        info: The run's bounds.
+
+    Returns:
+        The nearest feasible plan (largest remainder, then clipped and repaired).
+    """
+    lo, hi = _bounds(info)
+    s = np.clip(np.asarray(sizes, dtype=np.float64), lo, hi)
+    plan = np.asarray(round_fractions(list(s / s.sum()), info.global_batch, info.min_size))
+    plan = np.clip(plan, lo, hi)
+    diff = info.global_batch - int(plan.sum())
+    while diff:
+        room = (hi - plan) if diff > 0 else (plan - lo)
+        idx = np.flatnonzero(room > 0)
+        step = int(np.sign(diff))
+        take = idx[: abs(diff)]
+        plan[take] += step
+        diff -= step * len(take)
+    return tuple(int(b) for b in plan)
+
+
+class EvenPolicy:
+    """DDP: the even split, never changed."""
+
+    name = "even"
+
+    def reset(self, info: PolicyInfo) -> None:
+        """Nothing to prepare."""
+
+    def observe(self, window: Window) -> Plan | None:
+        """Never rescale."""
+        return None
+
+
+class StaticPolicy:
+    """LBB-like: profile at the start, fit, solve once.
+
+    Window 0 (even plan) gives a proportional estimate; window 1 runs that plan, so every rank
+    has two sizes; an affine time per rank is fitted from the two points and the minimax plan
+    is applied for the rest of the run.
+    """
+
+    name = "static"
+
+    def reset(self, info: PolicyInfo) -> None:
+        """Start profiling."""
+        self.info = info
+        self.points: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def observe(self, window: Window) -> Plan | None:
+        """Profile for two windows, then solve once."""
+        if len(self.points) >= 2:
+            return None
+        self.points.append((np.asarray(window.plan, dtype=np.float64), window.medians.copy()))
+        if len(self.points) == 1:
+            b, t = self.points[0]
+            return fit_plan(b / t, self.info)
+        (b0, t0), (b1, t1) = self.points
+        db = np.where(b1 != b0, b1 - b0, 1.0)
+        slope = np.where(b1 != b0, (t1 - t0) / db, t1 / b1)
+        slope = np.where(slope > 0, slope, t1 / b1)
+        over = np.maximum(t1 - slope * b1, 0.0)
+        lo, hi = _bounds(self.info)
+        sizes = np.arange(1, int(hi.max()) + 1)
+        curves = over[:, None] + slope[:, None] * sizes[None, :]
+        return water_fill(curves, self.info.global_batch, lo, hi)
+
+
+class ProportionalPolicy:
+    """OmniLearn-like proportional control once a window, with a 20% deadband.
+
+    Args:
+        deadband: No change while every rank's median is within this fraction of the mean.
+    """
+
+    name = "proportional"
+
+    def __init__(self, deadband: float = 0.2) -> None:
+        self.deadband = float(deadband)
+
+    def reset(self, info: PolicyInfo) -> None:
+        """Remember the bounds."""
+        self.info = info
+
+    def observe(self, window: Window) -> Plan | None:
+        """Apply ``db_r = -(b_r / t_r)(t_r - mean t)`` when outside the deadband."""
+        t = window.medians
+        mean = float(t.mean())
+        if float(np.max(np.abs(t - mean))) <= self.deadband * mean:
+            return None
+        b = np.asarray(window.plan, dtype=np.float64)
+        new = b - (b / t) * (t - mean)
+        plan = fit_plan(np.maximum(new, 1e-9), self.info)
+        return plan if plan != window.plan else None
+
+
+class RexPolicy:
+    """The REX core, driven exactly as training drives it.
+
+    Args:
+        **controller_kwargs: Passed to :class:`~lightning_rex.core.controller.Controller`.
+    """
+
+    name = "rex"
+
+    def __init__(self, **controller_kwargs: Any) -> None:
+        self.controller_kwargs = controller_kwargs
+        self.rollbacks = 0
+        self.decisions: list[Decision] = []
+
+    def reset(self, info: PolicyInfo) -> None:
+        """Build a fresh controller for the run."""
+        self.controller = Controller(
+            info.global_batch,
+            info.world_size,
+            min_size=info.min_size,
+            max_sizes=list(info.max_sizes),
+            seed=info.seed,
+            initial_plan=info.initial_plan,
+            **self.controller_kwargs,
+        )
+        self.rollbacks = 0
+        self.decisions = []
+
+    def observe(self, window: Window) -> Plan | None:
+        """Forward the window; return the decision's plan."""
+        d = self.controller.observe(window)
+        self.decisions.append(d)
+        self.rollbacks += d.kind == "rollback"
+        return d.plan
+
+
+class OraclePolicy:
+    """Knows the noise-free curves and the events; re-plans at every event boundary.
+
+    Args:
+        scenario: The scenario being run.
+    """
+
+    name = "oracle"
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self._cache: dict[tuple[float, ...], Plan] = {}
+
+    def reset(self, info: PolicyInfo) -> None:
+        """Remember the bounds."""
+        self.info = info
+
+    def plan_at(self, step: int) -> Plan:
+        """The minimax plan for the noise-free curves in force at ``step``."""
+        f = self.scenario.factors(step)
+        key = tuple(float(x) for x in f)
+        if key not in self._cache:
+            lo, hi = _bounds(self.info)
+            sizes = np.arange(1, int(hi.max()) + 1)
+            curves = np.stack(
+                [self.scenario.compute_times(np.full(len(f), b), step) for b in sizes], 1
+            )
+            self._cache[key] = water_fill(curves, self.info.global_batch, lo, hi)
+        return self._cache[key]
+
+    def observe(self, window: Window) -> Plan | None:
+        """The engine asks :meth:`plan_at` instead."""
+        return None
+
+
+def make_policy(name: str, scenario: Scenario) -> Policy:
+    """Build a built-in policy by name.
+
+    Args:
+        name: One of ``even``, ``static``, ``proportional``, ``rex``, ``oracle``.
+        scenario: The scenario (the oracle needs it).
+
+    Returns:
+        A fresh policy.
+
+    Raises:
+        ValueError: For an unknown name.
+    """
+    if name == "even":
+        return EvenPolicy()
+    if name == "static":
+        return StaticPolicy()
+    if name == "proportional":
+        return ProportionalPolicy()
+    if name == "rex":
+        return RexPolicy()
+    if name == "oracle":
+        return OraclePolicy(scenario)
+    raise ValueError(
+        f"unknown policy {name!r}; choose from even, static, proportional, rex, oracle"
+    )

@@ -1,0 +1,354 @@
+"""Simulator scenarios: the schema, its validation, and loading from a file or a preset.
+
+A scenario is a JSON or YAML mapping::
+
+    {"global_batch": 512, "steps": 3000, "window": 30, "comm": 0.01,
+     "ranks": [{"rate": 2000.0, "overhead_s": 0.004, "knee": 32, "mem_cap": 512}, ...],
+     "noise": {"dist": "lognormal", "cv": 0.15, "ar1": 0.5},
+     "events": [{"ranks": [2], "start": 1000, "end": 3000, "factor": 1.6}]}
+
+Rank ``r``'s noise-free compute time for micro-batch ``b`` is
+``overhead_s + max(b, knee) / rate`` (rate in samples/s), and ``b`` may not exceed
+``mem_cap``. ``comm`` seconds are added to every synchronous step. ``noise`` multiplies each
+rank's time by a mean-one lognormal factor whose log follows an AR(1) process per rank.
+``events`` multiply the listed ranks' time by ``factor`` for steps in ``[start, end)``
+(overlapping events multiply). ``window`` is the number of steps per observation window.
+Optional keys: ``name``, ``min_size`` (default 1). Unknown keys, negative rates, an empty rank
+list or events outside the run raise :class:`ScenarioError` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "EventSpec",
+    "NoiseSpec",
+    "RankSpec",
+    "Scenario",
+    "ScenarioError",
+    "load_scenario",
+    "scenario_from_dict",
+    "to_dict",
+]
+
+
+class ScenarioError(ValueError):
+    """A scenario that breaks the schema; the message names the field."""
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One simulated rank.
+
+    Attributes:
+        rate: Samples per second above the knee (> 0).
+        overhead_s: Fixed seconds per step (>= 0).
+        knee: Below this micro-batch the GPU is under-filled and time stays flat (>= 0).
+        mem_cap: The largest micro-batch that fits in memory, or None.
+    """
+
+    rate: float
+    overhead_s: float = 0.0
+    knee: int = 0
+    mem_cap: int | None = None
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    """Multiplicative per-rank noise.
+
+    Attributes:
+        dist: Only ``"lognormal"``.
+        cv: Coefficient of variation of the factor (>= 0).
+        ar1: Lag-1 autocorrelation of the log factor, in ``[0, 1)``.
+    """
+
+    dist: str = "lognormal"
+    cv: float = 0.0
+    ar1: float = 0.0
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """Slow (or speed) the listed ranks by ``factor`` for steps in ``[start, end)``.
+
+    Attributes:
+        ranks: Affected rank indices.
+        start: First affected step.
+        end: One past the last affected step.
+        factor: Multiplier of the compute time (> 0).
+    """
+
+    ranks: tuple[int, ...]
+    start: int
+    end: int
+    factor: float
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario (see the module docstring for the meaning of each field)."""
+
+    global_batch: int
+    steps: int
+    ranks: tuple[RankSpec, ...]
+    window: int = 30
+    comm: float = 0.0
+    noise: NoiseSpec = field(default_factory=NoiseSpec)
+    events: tuple[EventSpec, ...] = ()
+    min_size: int = 1
+    name: str = "custom"
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return len(self.ranks)
+
+    @property
+    def max_sizes(self) -> list[int | None]:
+        """Per-rank memory caps."""
+        return [r.mem_cap for r in self.ranks]
+
+    def compute_times(self, plan: np.ndarray, step: int) -> np.ndarray:
+        """Noise-free compute times of every rank at ``step`` under ``plan``, seconds.
+
+        Args:
+            plan: Per-rank sizes, shape ``(N,)``.
+            step: The global step (selects the active events).
+
+        Returns:
+            Shape ``(N,)``.
+        """
+        rate = np.array([r.rate for r in self.ranks])
+        over = np.array([r.overhead_s for r in self.ranks])
+        knee = np.array([r.knee for r in self.ranks])
+        return (over + np.maximum(plan, knee) / rate) * self.factors(step)
+
+    def factors(self, step: int) -> np.ndarray:
+        """The product of active event factors per rank at ``step``, shape ``(N,)``."""
+        f = np.ones(self.world_size)
+        for e in self.events:
+            if e.start <= step < e.end:
+                f[list(e.ranks)] *= e.factor
+        return f
+
+    def event_active(self, step: int) -> bool:
+        """Whether any event covers ``step``."""
+        return any(e.start <= step < e.end for e in self.events)
+
+    def with_noise(self, cv: float | None = None, ar1: float | None = None) -> Scenario:
+        """A copy with the noise overridden (None keeps a value).
+
+        Args:
+            cv: New coefficient of variation.
+            ar1: New AR(1) coefficient.
+
+        Returns:
+            The validated copy.
+        """
+        d = to_dict(self)
+        if cv is not None:
+            d["noise"]["cv"] = cv
+        if ar1 is not None:
+            d["noise"]["ar1"] = ar1
+        return scenario_from_dict(d)
+
+    def with_steps(self, steps: int) -> Scenario:
+        """A copy with another run length (events must still fit).
+
+        Args:
+            steps: The new number of steps.
+
+        Returns:
+            The validated copy.
+        """
+        d = to_dict(self)
+        d["steps"] = steps
+        return scenario_from_dict(d)
+
+
+def to_dict(s: Scenario) -> dict[str, Any]:
+    """The JSON-able mapping of a scenario (inverse of :func:`scenario_from_dict`)."""
+    return {
+        "name": s.name,
+        "global_batch": s.global_batch,
+        "steps": s.steps,
+        "window": s.window,
+        "comm": s.comm,
+        "min_size": s.min_size,
+        "ranks": [
+            {"rate": r.rate, "overhead_s": r.overhead_s, "knee": r.knee, "mem_cap": r.mem_cap}
+            for r in s.ranks
+        ],
+        "noise": {"dist": s.noise.dist, "cv": s.noise.cv, "ar1": s.noise.ar1},
+        "events": [
+            {"ranks": list(e.ranks), "start": e.start, "end": e.end, "factor": e.factor}
+            for e in s.events
+        ],
+    }
+
+
+_TOP = {"name", "global_batch", "steps", "window", "comm", "ranks", "noise", "events", "min_size"}
+_RANK = {"rate", "overhead_s", "knee", "mem_cap"}
+_NOISE = {"dist", "cv", "ar1"}
+_EVENT = {"ranks", "start", "end", "factor"}
+
+
+def _check_keys(d: Any, allowed: set[str], where: str) -> Mapping[str, Any]:
+    if not isinstance(d, Mapping):
+        raise ScenarioError(f"{where} must be a mapping, got {type(d).__name__}")
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise ScenarioError(
+            f"unknown key {where + '.' if where != 'scenario' else ''}{unknown[0]!s} in {where}; "
+            f"allowed: {sorted(allowed)}"
+        )
+    return d
+
+
+def _num(
+    d: Mapping[str, Any],
+    key: str,
+    where: str,
+    default: Any = None,
+    *,
+    lo: float | None = None,
+    lo_open: bool = False,
+    integer: bool = False,
+) -> Any:
+    if key not in d:
+        if default is None:
+            raise ScenarioError(f"missing required field {where}{key}")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ScenarioError(f"{where}{key} must be a finite number, got {v!r}")
+    if integer and int(v) != v:
+        raise ScenarioError(f"{where}{key} must be an integer, got {v!r}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ScenarioError(f"{where}{key} must be {'>' if lo_open else '>='} {lo}, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenario:
+    """Validate a mapping and build a :class:`Scenario`.
+
+    Args:
+        d: The parsed JSON/YAML mapping.
+        name: A name to use when the mapping has none.
+
+    Returns:
+        The scenario.
+
+    Raises:
+        ScenarioError: Naming the field, for unknown keys, missing or out-of-range values,
+            an empty rank list, infeasible bounds or events outside the run.
+    """
+    d = _check_keys(d, _TOP, "scenario")
+    gb = _num(d, "global_batch", "", lo=1, integer=True)
+    steps = _num(d, "steps", "", lo=1, integer=True)
+    window = _num(d, "window", "", 30, lo=1, integer=True)
+    comm = _num(d, "comm", "", 0.0, lo=0.0)
+    min_size = _num(d, "min_size", "", 1, lo=1, integer=True)
+    raw_ranks = d.get("ranks")
+    if not isinstance(raw_ranks, list) or not raw_ranks:
+        raise ScenarioError("ranks must be a non-empty list of rank mappings")
+    ranks = []
+    for i, r in enumerate(raw_ranks):
+        where = f"ranks[{i}]."
+        r = _check_keys(r, _RANK, f"ranks[{i}]")
+        cap = r.get("mem_cap")
+        if cap is not None:
+            cap = _num(r, "mem_cap", where, lo=min_size, integer=True)
+        ranks.append(
+            RankSpec(
+                rate=_num(r, "rate", where, lo=0.0, lo_open=True),
+                overhead_s=_num(r, "overhead_s", where, 0.0, lo=0.0),
+                knee=_num(r, "knee", where, 0, lo=0, integer=True),
+                mem_cap=cap,
+            )
+        )
+    n = len(ranks)
+    if gb < n * min_size:
+        raise ScenarioError(f"global_batch={gb} cannot give {n} ranks min_size={min_size}")
+    caps = [r.mem_cap if r.mem_cap is not None else gb for r in ranks]
+    if sum(caps) < gb:
+        raise ScenarioError(f"ranks[*].mem_cap sum to {sum(caps)}, below global_batch={gb}")
+    even_hi = -(-gb // n)
+    small = [i for i, c in enumerate(caps) if c < even_hi]
+    if small:
+        raise ScenarioError(
+            f"ranks[{small[0]}].mem_cap={caps[small[0]]} is below the even split {even_hi}"
+        )
+    nd = _check_keys(d.get("noise", {}), _NOISE, "noise")
+    dist = nd.get("dist", "lognormal")
+    if dist != "lognormal":
+        raise ScenarioError(f"noise.dist must be 'lognormal', got {dist!r}")
+    ar1 = _num(nd, "ar1", "noise.", 0.0, lo=0.0)
+    if ar1 >= 1.0:
+        raise ScenarioError(f"noise.ar1 must be in [0, 1), got {ar1}")
+    noise = NoiseSpec(dist, _num(nd, "cv", "noise.", 0.0, lo=0.0), ar1)
+    raw_events = d.get("events", [])
+    if not isinstance(raw_events, list):
+        raise ScenarioError("events must be a list")
+    events = []
+    for i, e in enumerate(raw_events):
+        where = f"events[{i}]."
+        e = _check_keys(e, _EVENT, f"events[{i}]")
+        er = e.get("ranks")
+        if (
+            not isinstance(er, list)
+            or not er
+            or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < n for x in er)
+        ):
+            raise ScenarioError(
+                f"{where}ranks must be a non-empty list of rank indices in [0, {n})"
+            )
+        start = _num(e, "start", where, lo=0, integer=True)
+        end = _num(e, "end", where, lo=1, integer=True)
+        if start >= steps or end > steps:
+            raise ScenarioError(f"{where}start/end [{start}, {end}) outside the run [0, {steps})")
+        if end <= start:
+            raise ScenarioError(f"{where}end ({end}) must be greater than start ({start})")
+        events.append(
+            EventSpec(tuple(er), start, end, _num(e, "factor", where, lo=0.0, lo_open=True))
+        )
+    nm = d.get("name", name or "custom")
+    return Scenario(gb, steps, tuple(ranks), window, comm, noise, tuple(events), min_size, str(nm))
+
+
+def load_scenario(spec: str) -> Scenario:
+    """Load a scenario from a preset name or a ``.json`` / ``.yaml`` / ``.yml`` file.
+
+    Args:
+        spec: A preset name (see :data:`lightning_rex.sim.presets.PRESETS`) or a path.
+
+    Returns:
+        The validated scenario.
+
+    Raises:
+        ScenarioError: For an unknown preset, a missing file or an invalid scenario.
+    """
+    from lightning_rex.sim.presets import PRESETS
+
+    if spec in PRESETS:
+        return scenario_from_dict(PRESETS[spec](), name=spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise ScenarioError(f"scenario {spec!r} is neither a preset ({sorted(PRESETS)}) nor a file")
+    text = path.read_text()
+    if path.suffix.lower() in {".yaml", ".yml"}:
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    return scenario_from_dict(data, name=path.stem)
