@@ -1,0 +1,48 @@
+"""A LightningCLI training script that works with ``--trainer.strategy=rex``.
+
+    python examples/train.py fit --config examples/config.yaml
+    python examples/train.py fit --trainer.strategy=rex --trainer.devices=2 --trainer.accelerator=cpu
+"""
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LightningCLI
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning_rex  # noqa: F401  (registers "rex", "rex_spawn", "rex_fork")
+
+
+class ToyModel(L.LightningModule):
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss, sync_dist=True, on_step=True, on_epoch=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class ToyData(L.LightningDataModule):
+    def __init__(self, batch_size: int = 32, samples: int = 2048) -> None:
+        super().__init__()
+        self.batch_size, self.samples = batch_size, samples
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(self.samples, 16, generator=g)
+        return DataLoader(TensorDataset(x, x[:, :1] * 3.0), batch_size=self.batch_size, shuffle=True)
+
+
+def main() -> None:
+    LightningCLI(ToyModel, ToyData)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""``python -m lightning_rex bench``: a real-run benchmark of ddp against rex.
+
+Every strategy runs in turn, in one invocation, on the same model and data, ``--repeat``
+times, interleaved, so that the ratios compare runs measured under the same machine load.
+Each run is a real 2-process Lightning fit with the fork start method (Lightning's own
+launcher), with the :class:`~lightning_rex.emulator.HeterogeneityEmulator` slowing ranks down.
+
+The model is compute-bound: a weight-tied deep MLP (one ``width x width`` layer applied
+``depth`` times to each of a sample's ``tokens`` feature vectors, then mean-pooled), so it
+has many FLOPs per sample (about 38 MFLOP forward and backward) and few parameters (76k),
+and the gloo all-reduce does not drown the uneven split on two CPU cores. The global batch is
+``32 x devices``, as a ddp user would write it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_rex.core.plan import round_fractions
+from lightning_rex.emulator import HeterogeneityEmulator
+from lightning_rex.strategy import RexStrategy
+
+__all__ = ["BenchModel", "add_parser", "main", "run_benchmark"]
+
+PER_RANK_BATCH = 32
+TOKENS = 16
+
+
+class BenchModel(L.LightningModule):
+    """A weight-tied deep MLP over a sample's tokens: many FLOPs per sample, few parameters.
+
+    Args:
+        width: The hidden width.
+        depth: How many times the shared hidden layer is applied.
+        in_features: The feature dimension of each token.
+        classes: The number of classes.
+    """
+
+    def __init__(self, width: int = 256, depth: int = 6, in_features: int = 32, classes: int = 10):
+        super().__init__()
+        self.inp = nn.Linear(in_features, width)
+        self.hidden = nn.Linear(width, width)
+        self.out = nn.Linear(width, classes)
+        self.depth = depth
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the shared layer ``depth`` times.
+
+        Args:
+            x: Inputs of shape ``(batch, tokens, in_features)``.
+
+        Returns:
+            Logits of shape ``(batch, classes)``.
+        """
+        h = torch.tanh(self.inp(x))
+        for _ in range(self.depth):
+            h = torch.tanh(self.hidden(h))
+        return self.out(h.mean(dim=1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """Cross-entropy on the micro-batch (mean-reduced).
+
+        Args:
+            batch: ``(x, y)``.
+            batch_idx: The batch index.
+
+        Returns:
+            The loss.
+        """
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """SGD with momentum.
+
+        Returns:
+            The optimizer.
+        """
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+
+class _StepTimer(L.Callback):
+    """Times synchronous steps on rank 0 and writes the measurements to a JSON file."""
+
+    def __init__(self, out: str, warmup: int, threads: int) -> None:
+        self.out, self.warmup, self.threads = out, warmup, threads
+        self.step_s: list[float] = []
+        self.samples = 0
+        self._t = 0.0
+        self._t0: float | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        torch.set_num_threads(self.threads)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._t = time.perf_counter()
+        if trainer.global_step == self.warmup and self._t0 is None:
+            self._t0 = self._t
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        now = time.perf_counter()
+        if self._t0 is not None:
+            self.step_s.append(now - self._t)
+            strategy = trainer.strategy
+            plan = getattr(strategy, "plan", None)
+            self.samples += sum(plan) if plan else PER_RANK_BATCH * trainer.world_size
+            self._t_end = now
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_rank != 0:
+            return
+        plan = getattr(trainer.strategy, "plan", None)
+        elapsed = self._t_end - self._t0 if self._t0 is not None else float("nan")
+        Path(self.out).write_text(json.dumps({
+            "samples_per_s": self.samples / elapsed,
+            "step_ms_median": 1000 * statistics.median(self.step_s),
+            "plan": list(plan) if plan else [PER_RANK_BATCH] * trainer.world_size,
+        }))
+
+
+def _run_once(strategy_name: str, args: argparse.Namespace, plan: list[int] | None) -> dict[str, Any]:
+    devices = args.devices
+    steps = args.steps
+    global_batch = PER_RANK_BATCH * devices
+    g = torch.Generator().manual_seed(0)
+    n = global_batch * steps
+    ds = TensorDataset(torch.randn(n, TOKENS, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        strategy: Any
+        if strategy_name == "ddp":
+            strategy = "ddp_fork"
+        else:
+            strategy = RexStrategy(micro_batch_sizes=plan, start_method="fork")
+        trainer = L.Trainer(
+            accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps,
+            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[
+                HeterogeneityEmulator(args.slowdowns, args.events),
+                _StepTimer(out, args.warmup, args.threads),
+            ],
+        )
+        torch.manual_seed(0)
+        trainer.fit(BenchModel(), DataLoader(ds, batch_size=PER_RANK_BATCH, shuffle=True))
+        return dict(json.loads(Path(out).read_text()))
+
+
+def default_plan(slowdowns: Sequence[float], devices: int) -> list[int]:
+    """The static plan for known slowdowns: sizes proportional to each rank's speed.
+
+    Args:
+        slowdowns: Per-rank slowdown factors.
+        devices: The number of ranks.
+
+    Returns:
+        Sizes summing to ``32 x devices``.
+    """
+    speeds = [1.0 / s for s in slowdowns]
+    total = sum(speeds)
+    return list(round_fractions([s / total for s in speeds], PER_RANK_BATCH * devices))
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every strategy of ``args.compare`` ``args.repeat`` times, interleaved.
+
+    Args:
+        args: The parsed command line (see :func:`add_parser`).
+
+    Returns:
+        ``{"runs": [...], "ratio_rex_over_ddp": float}`` (the ratio only when both ran).
+    """
+    plan = args.micro_batch_sizes or default_plan(args.slowdowns, args.devices)
+    runs: list[dict[str, Any]] = []
+    for rep in range(args.repeat):
+        for name in args.compare:
+            res = _run_once(name, args, plan)
+            runs.append({"strategy": name, "repeat": rep, **res})
+            _log(f"{name:4s} repeat {rep}: {res['samples_per_s']:.1f} samples/s, "
+                 f"median step {res['step_ms_median']:.1f} ms, plan {res['plan']}")
+    result: dict[str, Any] = {"runs": runs}
+    if {"ddp", "rex"} <= set(args.compare):
+        ratios = []
+        for rep in range(args.repeat):
+            by = {r["strategy"]: r["samples_per_s"] for r in runs if r["repeat"] == rep}
+            ratios.append(by["rex"] / by["ddp"])
+        result["ratio_rex_over_ddp"] = statistics.median(ratios)
+        result["ratios"] = ratios
+    return result
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to fd 1 (this process and forked ranks) to stderr."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register the ``bench`` sub-command.
+
+    Args:
+        sub: The sub-parsers object of the top-level parser.
+
+    Returns:
+        The ``bench`` parser.
+    """
+    p = sub.add_parser("bench", help="real 2-process CPU benchmark: ddp vs rex",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compare", type=lambda s: [x.strip() for x in s.split(",")],
+                   default=["ddp", "rex"], help="strategies to run, from ddp,rex (default ddp,rex)")
+    p.add_argument("--devices", type=int, default=2, help="CPU ranks (default 2)")
+    p.add_argument("--slowdowns", type=_floats, default=None,
+                   help="per-rank emulated slowdowns, e.g. 1,3 (default: all 1)")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
+    p.add_argument("--warmup", type=int, default=30, help="steps excluded from timing (default 30)")
+    p.add_argument("--micro-batch-sizes", type=_ints, default=None,
+                   help="rex plan, e.g. 48,16 (default: proportional to 1/slowdown)")
+    p.add_argument("--events", type=json.loads, default=None,
+                   help='emulated events as JSON: [{"ranks":[1],"start":100,"end":120,"factor":4}]')
+    p.add_argument("--repeat", type=int, default=1, help="interleaved repeats (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    """Validate the arguments, run the benchmark and print the results.
+
+    Args:
+        args: The parsed command line.
+
+    Returns:
+        The exit code.
+    """
+    unknown = [s for s in args.compare if s not in ("ddp", "rex")]
+    if unknown:
+        raise SystemExit(f"--compare takes strategies from ddp,rex; unknown: {unknown}")
+    if args.slowdowns is None:
+        args.slowdowns = [1.0] * args.devices
+    if len(args.slowdowns) != args.devices:
+        raise SystemExit(f"--slowdowns needs {args.devices} values (one per device), got {args.slowdowns}")
+    if args.micro_batch_sizes is not None and (
+        len(args.micro_batch_sizes) != args.devices
+        or sum(args.micro_batch_sizes) != PER_RANK_BATCH * args.devices
+    ):
+        raise SystemExit(
+            f"--micro-batch-sizes needs {args.devices} values summing to {PER_RANK_BATCH * args.devices}"
+        )
+    if not 0 <= args.warmup < args.steps:
+        raise SystemExit(f"--warmup must be in [0, --steps), got {args.warmup}")
+    with _stdout_to_stderr():
+        result = run_benchmark(args)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{'strategy':8s} {'repeat':>6s} {'samples/s':>10s} {'step ms':>8s}  plan")
+    for r in result["runs"]:
+        print(f"{r['strategy']:8s} {r['repeat']:6d} {r['samples_per_s']:10.1f} "
+              f"{r['step_ms_median']:8.2f}  {r['plan']}")
+    if "ratio_rex_over_ddp" in result:
+        rs = result["ratios"]
+        print(f"rex/ddp throughput ratio: {result['ratio_rex_over_ddp']:.3f} (median of {len(rs)}; "
+              f"min {min(rs):.3f}, max {max(rs):.3f})")
+    return 0
