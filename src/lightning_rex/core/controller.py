@@ -165,6 +165,7 @@ class Controller:
         self._predicted: float | None = None
         self._baseline: list[float] | None = None
         self._recent: list[list[list[float]]] = []
+        self._reference: list[float] | None = None
         self._fitted_at = -1
         self.windows_seen = 0
 
@@ -239,12 +240,15 @@ class Controller:
             )
         self._recent.append(window.times.tolist())
         self._recent = self._recent[-self.persistence :]
-        if len(self._recent) < self.persistence:
+        # The initial plan is a guess, not a measured state: at cold start one window counts.
+        need = 1 if self._reference is None and self.windows_seen == 1 else self.persistence
+        if len(self._recent) < need:
             return decide("hold", None, "imbalanced" if sig.imbalanced else "balanced")
-        flagged = self._persistent()
+        flagged = self._persistent(need)
         if not flagged:
             why = "transient imbalance" if sig.imbalanced else "balanced"
             return decide("hold", None, why)
+        self._mark_changes(flagged, window)
         return self._propose(window, f"persistent imbalance on ranks {flagged[:8]}", decide)
 
     # -------------------------------------------------------------- internals
@@ -252,8 +256,20 @@ class Controller:
         b = np.asarray(plan)
         return bool(np.any(b < self._lo) or np.any(b > self._hi))
 
-    def _persistent(self) -> list[int]:
-        wins = [np.asarray(w) for w in self._recent]
+    def _mark_changes(self, flagged: list[int], window: Window) -> None:
+        """Ranks whose medians moved since the plan was accepted have a new curve."""
+        if self._reference is None:
+            return
+        ref = np.asarray(self._reference)
+        recent = np.median(np.concatenate([np.asarray(w) for w in self._recent], axis=1), axis=1)
+        ratio = recent / ref
+        thr = 1.0 + self.min_effect
+        moved = [r for r in flagged if ratio[r] > thr or ratio[r] < 1.0 / thr]
+        if moved:
+            self.model.forget(moved, keep_last=len(self._recent))
+
+    def _persistent(self, need: int) -> list[int]:
+        wins = [np.asarray(w) for w in self._recent[-need:]]
         pooled = imbalance_test(
             np.concatenate(wins, axis=1), alpha=self.alpha, min_effect=self.min_effect
         )
@@ -328,6 +344,7 @@ class Controller:
             return decide("rollback", back, why, predicted)
         self._pending, self._previous = None, None
         self._state = "steady"
+        self._reference = window.medians.tolist()
         return decide("accept", None, f"non-inferior (x{ratio:.3f} vs before)", predicted)
 
     # ----------------------------------------------------------------- state
@@ -342,6 +359,7 @@ class Controller:
             "baseline": self._baseline,
             "recent": self._recent,
             "fitted_at": self._fitted_at,
+            "reference": self._reference,
             "windows_seen": self.windows_seen,
             "min_size": self.min_size,
             "max_sizes": self.max_sizes,
@@ -363,5 +381,6 @@ class Controller:
         self._baseline = None if d["baseline"] is None else [float(x) for x in d["baseline"]]
         self._recent = [[[float(x) for x in row] for row in w] for w in d["recent"]]
         self._fitted_at = int(d["fitted_at"])
+        self._reference = None if d["reference"] is None else [float(x) for x in d["reference"]]
         self.windows_seen = int(d["windows_seen"])
         self.model.load_state_dict(d["model"])

@@ -96,6 +96,8 @@ class RankTimeModel:
         self.sizes: list[list[int]] = []
         self.medians: list[list[float]] = []
         self.rel_var: list[float] = []
+        self.n_added = 0
+        self.cutoff = np.zeros(self.world_size, dtype=np.int64)
         self._post: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ----------------------------------------------------------------- data
@@ -119,8 +121,22 @@ class RankTimeModel:
         self.sizes.append([int(b) for b in plan])
         self.medians.append([float(m) for m in med])
         self.rel_var.append(float(max(rel_var, 1e-8)))
+        self.n_added += 1
         if len(self.sizes) > self.max_history:
             del self.sizes[0], self.medians[0], self.rel_var[0]
+        self._post = None
+
+    def forget(self, ranks: list[int], keep_last: int) -> None:
+        """Discount all but the last ``keep_last`` windows of some ranks (a change point).
+
+        Their older observations stay stored but get a negligible weight, so the ranks'
+        curves are re-learned from the recent windows and the prior.
+
+        Args:
+            ranks: The ranks whose curve changed.
+            keep_last: How many recent windows still count for them.
+        """
+        self.cutoff[list(ranks)] = max(0, self.n_added - int(keep_last))
         self._post = None
 
     def _features(self, b: torch.Tensor) -> torch.Tensor:
@@ -144,8 +160,12 @@ class RankTimeModel:
         assert self.scale is not None
         b = torch.as_tensor(np.asarray(self.sizes, dtype=np.float64).T)  # (N, W)
         y = torch.as_tensor(np.asarray(self.medians).T / self.scale[:, None])  # (N, W)
-        age = torch.arange(len(self.sizes) - 1, -1, -1, dtype=_DT)
+        w = len(self.sizes)
+        age = torch.arange(w - 1, -1, -1, dtype=_DT)
         v = torch.as_tensor(self.rel_var, dtype=_DT) * torch.exp(age / self.memory)
+        index = torch.as_tensor(self.n_added - w + np.arange(w))
+        old = index[None, :] < torch.as_tensor(self.cutoff)[:, None]
+        v = v.expand(self.world_size, w) * torch.where(old, 1e8, 1.0)
         return b, y, v
 
     def _posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,7 +176,7 @@ class RankTimeModel:
             phi = self._features(b)  # (N, W, D)
             m0, p0 = self._prior()
             prec = 1.0 / v
-            a = torch.diag_embed(1.0 / p0) + phi.transpose(-1, -2) @ (prec[:, None] * phi)
+            a = torch.diag_embed(1.0 / p0) + phi.transpose(-1, -2) @ (prec.unsqueeze(-1) * phi)
             rhs = m0 / p0 + (phi * (prec * y).unsqueeze(-1)).sum(-2)
             chol = torch.linalg.cholesky(a)
             mu = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
@@ -249,7 +269,7 @@ class RankTimeModel:
         gp = SingleTaskGP(
             x,
             y[sub].unsqueeze(-1),
-            train_Yvar=v.expand(n_sub, -1).unsqueeze(-1).clone(),
+            train_Yvar=v[sub].unsqueeze(-1).clone(),
             covar_module=ScaleKernel(SplineKernel(self.kernel.num_basis), batch_shape=shape),
             mean_module=LinearMean(1, batch_shape=shape),
             outcome_transform=None,
@@ -277,6 +297,8 @@ class RankTimeModel:
             "sizes": [list(r) for r in self.sizes],
             "medians": [list(r) for r in self.medians],
             "rel_var": list(self.rel_var),
+            "n_added": self.n_added,
+            "cutoff": [int(c) for c in self.cutoff],
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -292,4 +314,6 @@ class RankTimeModel:
         self.sizes = [[int(b) for b in r] for r in d["sizes"]]
         self.medians = [[float(m) for m in r] for r in d["medians"]]
         self.rel_var = [float(v) for v in d["rel_var"]]
+        self.n_added = int(d["n_added"])
+        self.cutoff = np.asarray(d["cutoff"], dtype=np.int64)
         self._post = None

@@ -34,7 +34,8 @@ def even_plan(total: int, world_size: int) -> Plan:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if total < world_size:
         raise ValueError(
-            f"the global batch ({total}) must hold at least one sample per rank ({world_size} ranks)"
+            f"the global batch ({total}) must hold at least one sample per rank "
+            f"({world_size} ranks)"
         )
     base, rem = divmod(total, world_size)
     return tuple(base + (1 if r < rem else 0) for r in range(world_size))
@@ -81,7 +82,7 @@ def round_fractions(fractions: Sequence[float], total: int, minimum: int = 1) ->
     want = [max(0.0, f / s * total - minimum) for f in fractions]
     wsum = sum(want)
     quotas = [w / wsum * spare for w in want] if wsum > 0 else [spare / n] * n
-    floors = [int(math.floor(q + 1e-12)) for q in quotas]
+    floors = [math.floor(q + 1e-12) for q in quotas]
     left = spare - sum(floors)
     order = sorted(range(n), key=lambda r: (-(quotas[r] - floors[r]), r))
     for r in order[:left]:
