@@ -54,6 +54,17 @@ def demo(session: nox.Session) -> None:
     """2 CPU ranks, rank 1 emulated 3x slower: rex vs ddp throughput."""
     _install(session, "dev")
     session.run(
-        "python", "-m", "lightning_rex", "bench", "--compare", "ddp,rex", "--devices", "2",
-        "--slowdowns", "1,3", "--steps", "300", *session.posargs,
+        "python",
+        "-m",
+        "lightning_rex",
+        "bench",
+        "--compare",
+        "ddp,rex",
+        "--devices",
+        "2",
+        "--slowdowns",
+        "1,3",
+        "--steps",
+        "300",
+        *session.posargs,
     )

@@ -1,7 +1,7 @@
 """A LightningCLI training script that works with ``--trainer.strategy=rex``.
 
-    python examples/train.py fit --config examples/config.yaml
-    python examples/train.py fit --trainer.strategy=rex --trainer.devices=2 --trainer.accelerator=cpu
+python examples/train.py fit --config examples/config.yaml
+python examples/train.py fit --trainer.strategy=rex --trainer.devices=2 --trainer.accelerator=cpu
 """
 
 import lightning as L
@@ -37,7 +37,9 @@ class ToyData(L.LightningDataModule):
     def train_dataloader(self):
         g = torch.Generator().manual_seed(0)
         x = torch.randn(self.samples, 16, generator=g)
-        return DataLoader(TensorDataset(x, x[:, :1] * 3.0), batch_size=self.batch_size, shuffle=True)
+        return DataLoader(
+            TensorDataset(x, x[:, :1] * 3.0), batch_size=self.batch_size, shuffle=True
+        )
 
 
 def main() -> None:

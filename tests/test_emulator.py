@@ -16,8 +16,10 @@ from lightning_rex.bench import BenchModel
 def test_factor_combines_slowdown_and_active_events() -> None:
     emu = HeterogeneityEmulator(
         [1.0, 2.0],
-        events=[{"ranks": [1], "start": 10, "end": 20, "factor": 3.0},
-                {"ranks": [0, 1], "start": 15, "end": 16, "factor": 2.0}],
+        events=[
+            {"ranks": [1], "start": 10, "end": 20, "factor": 3.0},
+            {"ranks": [0, 1], "start": 15, "end": 16, "factor": 2.0},
+        ],
     )
     assert emu.factor(1, 9) == 2.0
     assert emu.factor(1, 10) == 6.0
@@ -30,11 +32,26 @@ def test_factor_combines_slowdown_and_active_events() -> None:
     ("kwargs", "match"),
     [
         ({"slowdowns": [1.0, 0.5]}, "slowdowns must all be >= 1.0"),
-        ({"events": [{"ranks": [1], "start": 5, "end": 5, "factor": 2}]}, r"events\[0\] needs 0 <= start < end"),
-        ({"events": [{"ranks": [1], "start": 0, "end": 5, "factor": 0}]}, r"events\[0\].factor must be > 0"),
-        ({"events": [{"ranks": [1], "start": 0, "end": 5, "factor": 2, "when": 1}]}, r"events\[0\] has unknown keys \['when'\]"),
-        ({"events": [{"ranks": [1], "start": 0, "factor": 2}]}, r"events\[0\] is missing \['end'\]"),
-        ({"events": [{"ranks": [], "start": 0, "end": 1, "factor": 2}]}, r"events\[0\].ranks must be a non-empty list"),
+        (
+            {"events": [{"ranks": [1], "start": 5, "end": 5, "factor": 2}]},
+            r"events\[0\] needs 0 <= start < end",
+        ),
+        (
+            {"events": [{"ranks": [1], "start": 0, "end": 5, "factor": 0}]},
+            r"events\[0\].factor must be > 0",
+        ),
+        (
+            {"events": [{"ranks": [1], "start": 0, "end": 5, "factor": 2, "when": 1}]},
+            r"events\[0\] has unknown keys \['when'\]",
+        ),
+        (
+            {"events": [{"ranks": [1], "start": 0, "factor": 2}]},
+            r"events\[0\] is missing \['end'\]",
+        ),
+        (
+            {"events": [{"ranks": [], "start": 0, "end": 1, "factor": 2}]},
+            r"events\[0\].ranks must be a non-empty list",
+        ),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
@@ -47,7 +64,9 @@ class _Delays(HeterogeneityEmulator):
         super().__init__(*args, **kwargs)
         self.per_step: list[tuple[int, float, bool]] = []
 
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+    def on_before_backward(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
+    ) -> None:
         before = self.total_delay_s
         super().on_before_backward(trainer, pl_module, loss)
         no_grads_yet = all(p.grad is None or not p.grad.any() for p in pl_module.parameters())
@@ -58,8 +77,16 @@ def _fit(emu: HeterogeneityEmulator, batch: int, steps: int = 6) -> None:
     torch.set_num_threads(1)
     n = batch * steps
     ds = TensorDataset(torch.randn(n, 16, 32), torch.randint(0, 10, (n,)))
-    t = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                  enable_progress_bar=False, enable_model_summary=False, callbacks=[emu])
+    t = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[emu],
+    )
     t.fit(BenchModel(width=64, depth=2), DataLoader(ds, batch_size=batch))
 
 
@@ -80,5 +107,7 @@ def test_delay_scales_with_the_steps_own_work() -> None:
 
 
 def test_slowdowns_must_match_world_size() -> None:
-    with pytest.raises(ValueError, match="slowdowns must have one entry per rank: the world size is 1"):
+    with pytest.raises(
+        ValueError, match="slowdowns must have one entry per rank: the world size is 1"
+    ):
         _fit(HeterogeneityEmulator([1.0, 3.0]), batch=4)

@@ -20,12 +20,26 @@ def _random_plan(rng: random.Random, total: int, n: int) -> tuple[int, ...]:
     return tuple(bounds[i + 1] - bounds[i] for i in range(n))
 
 
-def _ranks(n_samples: int, bs: int, world: int, accumulate: int, drop_last: bool, seed: int,
-           plan: tuple[int, ...] | None = None) -> list[UnevenBatchSampler]:
+def _ranks(
+    n_samples: int,
+    bs: int,
+    world: int,
+    accumulate: int,
+    drop_last: bool,
+    seed: int,
+    plan: tuple[int, ...] | None = None,
+) -> list[UnevenBatchSampler]:
     plan = plan or even_plan(bs * world, world)
     return [
-        UnevenBatchSampler(n_samples, bs * world, plan, r, seed=seed, drop_last=drop_last,
-                           accumulate_grad_batches=accumulate)
+        UnevenBatchSampler(
+            n_samples,
+            bs * world,
+            plan,
+            r,
+            seed=seed,
+            drop_last=drop_last,
+            accumulate_grad_batches=accumulate,
+        )
         for r in range(world)
     ]
 
@@ -40,8 +54,15 @@ def _ranks(n_samples: int, bs: int, world: int, accumulate: int, drop_last: bool
     seed=st.integers(0, 10_000),
     schedule_seed=st.integers(0, 10_000),
 )
-def test_coverage_under_random_plan_changes(n_samples: int, bs: int, world: int, accumulate: int,
-                                            drop_last: bool, seed: int, schedule_seed: int) -> None:
+def test_coverage_under_random_plan_changes(
+    n_samples: int,
+    bs: int,
+    world: int,
+    accumulate: int,
+    drop_last: bool,
+    seed: int,
+    schedule_seed: int,
+) -> None:
     total = bs * world
     samplers = _ranks(n_samples, bs, world, accumulate, drop_last, seed)
     rng = random.Random(schedule_seed)
@@ -77,7 +98,9 @@ def test_coverage_under_random_plan_changes(n_samples: int, bs: int, world: int,
             parts = [per_rank[r][k] for r in range(world)]
             assert all(len(p) >= 1 for p in parts), "no empty micro-batch"
             glob = [i for p in parts for i in p]
-            assert glob == perm[k * total : k * total + len(glob)], "contiguous slices of one permutation"
+            assert glob == perm[k * total : k * total + len(glob)], (
+                "contiguous slices of one permutation"
+            )
             assert list(map(len, parts)) == list(samplers[0].sizes_for_batch(k))
             seen += glob
         assert len(seen) == len(set(seen)), "no sample twice"
@@ -87,14 +110,22 @@ def test_coverage_under_random_plan_changes(n_samples: int, bs: int, world: int,
 
 
 @settings(max_examples=60, deadline=None)
-@given(n_samples=st.integers(1, 300), bs=st.integers(1, 10), world=st.integers(1, 5),
-       seed=st.integers(0, 1000), epoch=st.integers(0, 3))
-def test_even_plan_matches_ddp_global_batches(n_samples: int, bs: int, world: int, seed: int,
-                                              epoch: int) -> None:
+@given(
+    n_samples=st.integers(1, 300),
+    bs=st.integers(1, 10),
+    world=st.integers(1, 5),
+    seed=st.integers(0, 1000),
+    epoch=st.integers(0, 3),
+)
+def test_even_plan_matches_ddp_global_batches(
+    n_samples: int, bs: int, world: int, seed: int, epoch: int
+) -> None:
     samplers = _ranks(n_samples, bs, world, 1, False, seed)
     ddp = []
     for r in range(world):
-        ds = DistributedSampler(range(n_samples), num_replicas=world, rank=r, shuffle=True, seed=seed)
+        ds = DistributedSampler(
+            range(n_samples), num_replicas=world, rank=r, shuffle=True, seed=seed
+        )
         ds.set_epoch(epoch)
         ddp.append(list(BatchSampler(ds, bs, drop_last=False)))
     for s in samplers:
@@ -164,7 +195,7 @@ def test_state_dict_resume_continues_exactly(consumed: int) -> None:
 def test_load_state_dict_rejects_another_world() -> None:
     a = UnevenBatchSampler(100, 20, (10, 10), 0)
     b = UnevenBatchSampler(100, 30, (10, 10, 10), 0)
-    with pytest.raises(ValueError, match="world_size|global_batch"):
+    with pytest.raises(ValueError, match=r"world_size|global_batch"):
         b.load_state_dict(a.state_dict(consumed=1))
 
 

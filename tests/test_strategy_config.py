@@ -10,11 +10,11 @@ import pytest
 import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
+from tests.helpers.models import RegModel, make_dataset
 from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
 
 import lightning_rex
 from lightning_rex import RexStrategy
-from tests.helpers.models import RegModel, make_dataset
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -22,10 +22,16 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"micro_batch_sizes": [48, 16], "batch_fractions": [0.5, 0.5]}, "either micro_batch_sizes or batch_fractions"),
+        (
+            {"micro_batch_sizes": [48, 16], "batch_fractions": [0.5, 0.5]},
+            "either micro_batch_sizes or batch_fractions",
+        ),
         ({"batch_fractions": [0.5, 0.6]}, r"batch_fractions must sum to 1 \(within 1e-6\)"),
         ({"batch_fractions": [1.2, -0.2]}, "batch_fractions must be finite and >= 0"),
-        ({"micro_batch_sizes": [63, 1], "min_micro_batch_size": 2}, "micro_batch_sizes must be integers >= min_micro_batch_size=2"),
+        (
+            {"micro_batch_sizes": [63, 1], "min_micro_batch_size": 2},
+            "micro_batch_sizes must be integers >= min_micro_batch_size=2",
+        ),
         ({"min_micro_batch_size": 0}, "min_micro_batch_size must be an int >= 1"),
         ({"loss_reduction": "avg"}, r"loss_reduction must be one of \('mean', 'sum'\)"),
         ({"model_averaging_period": 4}, "model_averaging_period is not supported"),
@@ -39,7 +45,9 @@ def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> 
 @pytest.mark.parametrize("arg", ["micro_batch_sizes", "batch_fractions"])
 def test_wrong_length_fails_when_the_trainer_is_built(arg: str) -> None:
     value = [20, 20, 24] if arg == "micro_batch_sizes" else [0.2, 0.3, 0.5]
-    with pytest.raises(ValueError, match=f"{arg} must have one entry per rank: the world size is 2"):
+    with pytest.raises(
+        ValueError, match=f"{arg} must have one entry per rank: the world size is 2"
+    ):
         L.Trainer(accelerator="cpu", devices=2, strategy=RexStrategy(**{arg: value}))
 
 
@@ -53,24 +61,40 @@ def test_registration_is_idempotent_and_names_start_methods() -> None:
 
 
 def test_fractions_are_rounded_by_largest_remainder() -> None:
-    t = L.Trainer(accelerator="cpu", devices=2, strategy=RexStrategy(batch_fractions=[0.7, 0.3]), logger=False)
+    t = L.Trainer(
+        accelerator="cpu", devices=2, strategy=RexStrategy(batch_fractions=[0.7, 0.3]), logger=False
+    )
     t.strategy.set_world_ranks()
     assert t.strategy.initial_plan(64) == (45, 19)
     assert lightning_rex.round_fractions([0.5, 0.5], 5) == (3, 2)  # tie to the lowest rank
 
 
 # ---------------------------------------------------------------- errors raised during fit (1 rank)
-def _fit_one_rank(loader: Any, strategy: RexStrategy | None = None, model: L.LightningModule | None = None,
-                  **trainer_kwargs: Any) -> None:
-    t = L.Trainer(accelerator="cpu", devices=1, strategy=strategy or RexStrategy(), max_steps=2,
-                  logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, **trainer_kwargs)
+def _fit_one_rank(
+    loader: Any,
+    strategy: RexStrategy | None = None,
+    model: L.LightningModule | None = None,
+    **trainer_kwargs: Any,
+) -> None:
+    t = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy or RexStrategy(),
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **trainer_kwargs,
+    )
     t.fit(model or RegModel(), loader)
 
 
 def test_sum_not_global_batch() -> None:
     with pytest.raises(ValueError, match=r"micro_batch_sizes must sum to the global batch B=32"):
-        _fit_one_rank(DataLoader(make_dataset(64), batch_size=32), RexStrategy(micro_batch_sizes=[30]))
+        _fit_one_rank(
+            DataLoader(make_dataset(64), batch_size=32), RexStrategy(micro_batch_sizes=[30])
+        )
 
 
 def test_no_batch_size() -> None:
@@ -102,7 +126,10 @@ def test_use_distributed_sampler_false() -> None:
 
 
 def test_several_train_loaders() -> None:
-    loaders = [DataLoader(make_dataset(64), batch_size=8), DataLoader(make_dataset(64), batch_size=8)]
+    loaders = [
+        DataLoader(make_dataset(64), batch_size=8),
+        DataLoader(make_dataset(64), batch_size=8),
+    ]
     with pytest.raises(ValueError, match="exactly one train dataloader"):
         _fit_one_rank(loaders)
 
@@ -125,10 +152,23 @@ def test_val_loader_is_left_as_under_ddp() -> None:
 
     model = WithVal()
     model.val_sizes = []
-    t = L.Trainer(accelerator="cpu", devices=1, strategy=RexStrategy(), max_steps=2, logger=False,
-                  enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                  num_sanity_val_steps=0, val_check_interval=2)
-    t.fit(model, DataLoader(make_dataset(64), batch_size=16), DataLoader(make_dataset(20), batch_size=8))
+    t = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=RexStrategy(),
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        val_check_interval=2,
+    )
+    t.fit(
+        model,
+        DataLoader(make_dataset(64), batch_size=16),
+        DataLoader(make_dataset(20), batch_size=8),
+    )
     assert type(t.val_dataloaders) is DataLoader
     assert model.val_sizes == [8, 8, 4]
     assert t.strategy.plan == (16,)
@@ -153,8 +193,14 @@ def test_cli_short_name_after_import() -> None:
 
 
 def test_cli_class_path_and_init_args() -> None:
-    cli = _cli(["--trainer.strategy=lightning_rex.RexStrategy", "--trainer.strategy.micro_batch_sizes=[48,16]",
-                "--trainer.accelerator=cpu", "--trainer.devices=2"])
+    cli = _cli(
+        [
+            "--trainer.strategy=lightning_rex.RexStrategy",
+            "--trainer.strategy.micro_batch_sizes=[48,16]",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+        ]
+    )
     assert isinstance(cli.trainer.strategy, RexStrategy)
     assert cli.trainer.strategy.micro_batch_sizes == (48, 16)
 
@@ -180,8 +226,13 @@ def test_example_config_parses() -> None:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    cli = LightningCLI(mod.ToyModel, mod.ToyData, run=False, args=[f"--config={EXAMPLES / 'config.yaml'}"],
-                       save_config_callback=None)
+    cli = LightningCLI(
+        mod.ToyModel,
+        mod.ToyData,
+        run=False,
+        args=[f"--config={EXAMPLES / 'config.yaml'}"],
+        save_config_callback=None,
+    )
     assert cli.trainer.strategy.micro_batch_sizes == (48, 16)
     assert any(isinstance(c, lightning_rex.HeterogeneityEmulator) for c in cli.trainer.callbacks)
     assert torch.is_tensor(next(iter(cli.datamodule.train_dataloader()))[0])

@@ -11,10 +11,16 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from tests.helpers.dist import run_distributed
+from tests.helpers.models import (
+    RegModel,
+    flat_params,
+    global_batches,
+    make_dataset,
+    reference_train,
+)
 
 from lightning_rex import RexStrategy
-from tests.helpers.dist import run_distributed
-from tests.helpers.models import RegModel, flat_params, global_batches, make_dataset, reference_train
 
 pytestmark = pytest.mark.distributed
 
@@ -48,8 +54,15 @@ class _ChangePlan(L.Callback):
             self.effective = trainer.strategy.set_plan(self.plan)
 
 
-def _fit(rank: int, plan: list[int] | None, opt: str, reduction: str, accumulate: int,
-         change: bool, unweighted: bool = False) -> dict[str, Any]:
+def _fit(
+    rank: int,
+    plan: list[int] | None,
+    opt: str,
+    reduction: str,
+    accumulate: int,
+    change: bool,
+    unweighted: bool = False,
+) -> dict[str, Any]:
     cls = _UnweightedRex if unweighted else RexStrategy
     strategy = cls(micro_batch_sizes=plan, loss_reduction=reduction)
     callbacks: list[L.Callback] = []
@@ -57,9 +70,16 @@ def _fit(rank: int, plan: list[int] | None, opt: str, reduction: str, accumulate
         callbacks.append(_ChangePlan(at_step=1, plan=[40, 24] if plan != [40, 24] else [8, 56]))
     model = RegModel(opt=opt, reduction=reduction)
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy=strategy, max_epochs=EPOCHS,
-        accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
     )
     ds = make_dataset(N_SAMPLES)
     trainer.fit(model, torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True))
@@ -97,8 +117,9 @@ def references() -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("plan", list(PLANS))
-def test_matches_single_process(results: list[dict[str, Any]], references: dict[str, torch.Tensor],
-                                plan: str, variant: str) -> None:
+def test_matches_single_process(
+    results: list[dict[str, Any]], references: dict[str, torch.Tensor], plan: str, variant: str
+) -> None:
     ref = references[variant]
     for rank in range(2):
         got = results[rank][(plan, variant)]["params"]
@@ -106,7 +127,9 @@ def test_matches_single_process(results: list[dict[str, Any]], references: dict[
 
 
 @pytest.mark.parametrize("plan", list(PLANS))
-def test_ranks_take_the_plan_and_cover_each_global_batch(results: list[dict[str, Any]], plan: str) -> None:
+def test_ranks_take_the_plan_and_cover_each_global_batch(
+    results: list[dict[str, Any]], plan: str
+) -> None:
     r0, r1 = (results[r][(plan, "sgd-mean-a1")] for r in range(2))
     want = PLANS[plan] or [32, 32]
     for epoch in range(EPOCHS):
@@ -121,18 +144,22 @@ def test_ranks_take_the_plan_and_cover_each_global_batch(results: list[dict[str,
 
 
 @pytest.mark.parametrize("variant", [v for v, spec in VARIANTS.items() if spec[3]])
-def test_plan_change_applies_at_the_returned_step_on_both_ranks(results: list[dict[str, Any]], variant: str) -> None:
+def test_plan_change_applies_at_the_returned_step_on_both_ranks(
+    results: list[dict[str, Any]], variant: str
+) -> None:
     out = [results[r][("48-16", variant)] for r in range(2)]
     eff = out[0]["effective"]
     assert eff is not None and eff == out[1]["effective"] and eff >= 1
     assert out[0]["schedule"] == out[1]["schedule"] == [(0, (48, 16)), (eff, (40, 24))]
     full = {(e, st): len(ix) for e, st, ix in out[0]["seen"]}
-    for (epoch, step), size in full.items():
+    for (_, step), size in full.items():
         if size in (48, 40):
             assert size == (40 if step >= eff else 48)
 
 
 @pytest.mark.parametrize("plan", UNEVEN)
-def test_plain_ddp_weighting_misses(results: list[dict[str, Any]], references: dict[str, torch.Tensor], plan: str) -> None:
+def test_plain_ddp_weighting_misses(
+    results: list[dict[str, Any]], references: dict[str, torch.Tensor], plan: str
+) -> None:
     got = results[0][(plan, "unweighted")]["params"]
     assert (got - references["sgd-mean-a1"]).abs().max().item() > 1e-4

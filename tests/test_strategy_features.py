@@ -9,11 +9,17 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from tests.helpers.dist import run_distributed
+from tests.helpers.models import (
+    RegModel,
+    flat_params,
+    global_batches,
+    make_dataset,
+    reference_train,
+)
 from torch.utils.data import DataLoader
 
 from lightning_rex import RexStrategy
-from tests.helpers.dist import run_distributed
-from tests.helpers.models import RegModel, flat_params, global_batches, make_dataset, reference_train
 
 pytestmark = pytest.mark.distributed
 
@@ -44,8 +50,14 @@ class _ChangePlanAt(L.Callback):
 
 
 def _trainer(**kw: Any) -> L.Trainer:
-    base = dict(accelerator="cpu", devices=2, logger=False, enable_progress_bar=False,
-                enable_model_summary=False, enable_checkpointing=False)
+    base = dict(
+        accelerator="cpu",
+        devices=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
     base.update(kw)
     return L.Trainer(**base)
 
@@ -56,7 +68,9 @@ def _features(rank: int, tmp: str) -> dict[str, Any]:
 
     # bf16 autocast on CPU, float32 parameters
     model = RegModel(dtype=torch.float32)
-    t = _trainer(strategy=RexStrategy(micro_batch_sizes=[48, 16]), precision="bf16-mixed", max_epochs=1)
+    t = _trainer(
+        strategy=RexStrategy(micro_batch_sizes=[48, 16]), precision="bf16-mixed", max_epochs=1
+    )
     t.fit(model, DataLoader(make_dataset(N, dtype=torch.float32), batch_size=32, shuffle=True))
     out["bf16"] = flat_params(model.net)
 
@@ -73,22 +87,35 @@ def _features(rank: int, tmp: str) -> dict[str, Any]:
     ckpt = ModelCheckpoint(dirpath=tmp, every_n_train_steps=4, save_top_k=-1)
     change = _ChangePlanAt(plans)
     model = RegModel(opt="adam")
-    t = _trainer(strategy=RexStrategy(micro_batch_sizes=[48, 16]), max_epochs=2,
-                 callbacks=[ckpt, change], enable_checkpointing=True)
+    t = _trainer(
+        strategy=RexStrategy(micro_batch_sizes=[48, 16]),
+        max_epochs=2,
+        callbacks=[ckpt, change],
+        enable_checkpointing=True,
+    )
     loader = DataLoader(ds, batch_size=32, shuffle=True, num_workers=2, persistent_workers=True)
     t.fit(model, loader)
-    out["full"] = {"params": flat_params(model.net), "seen": model.seen, "effective": change.effective,
-                   "schedule": t.strategy.train_loader.batch_sampler.schedule}
+    out["full"] = {
+        "params": flat_params(model.net),
+        "seen": model.seen,
+        "effective": change.effective,
+        "schedule": t.strategy.train_loader.batch_sampler.schedule,
+    }
 
     # resumed runs, from mid-epoch 0 (step 4) and mid-epoch 1 (step 8)
     for name in ("epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"):
         change = _ChangePlanAt(plans)
         model = RegModel(opt="adam")
-        t = _trainer(strategy=RexStrategy(micro_batch_sizes=[48, 16]), max_epochs=2, callbacks=[change])
+        t = _trainer(
+            strategy=RexStrategy(micro_batch_sizes=[48, 16]), max_epochs=2, callbacks=[change]
+        )
         loader = DataLoader(ds, batch_size=32, shuffle=True, num_workers=2, persistent_workers=True)
         t.fit(model, loader, ckpt_path=str(Path(tmp) / name))
-        out[name] = {"params": flat_params(model.net), "seen": model.seen,
-                     "schedule": t.strategy.train_loader.batch_sampler.schedule}
+        out[name] = {
+            "params": flat_params(model.net),
+            "seen": model.seen,
+            "schedule": t.strategy.train_loader.batch_sampler.schedule,
+        }
     return out
 
 
@@ -97,9 +124,13 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return run_distributed(_features, str(tmp_path_factory.mktemp("ckpt")))
 
 
-def test_bf16_mixed_matches_single_process_within_amp_tolerance(results: list[dict[str, Any]]) -> None:
+def test_bf16_mixed_matches_single_process_within_amp_tolerance(
+    results: list[dict[str, Any]],
+) -> None:
     ds = make_dataset(N, dtype=torch.float32)
-    ref = reference_train(ds, 64, 2, epochs=1, opt="sgd", reduction="mean", dtype=torch.float32, autocast=True)
+    ref = reference_train(
+        ds, 64, 2, epochs=1, opt="sgd", reduction="mean", dtype=torch.float32, autocast=True
+    )
     start = reference_train(ds, 64, 2, epochs=0, opt="sgd", reduction="mean", dtype=torch.float32)
     moved = (ref - start).abs().max().item()
     for r in range(2):
@@ -126,7 +157,9 @@ def test_step_and_epoch_logs_are_global_batch_means(results: list[dict[str, Any]
 
 
 @pytest.mark.parametrize("name", ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"])
-def test_resume_mid_epoch_continues_with_the_same_batches(results: list[dict[str, Any]], name: str) -> None:
+def test_resume_mid_epoch_continues_with_the_same_batches(
+    results: list[dict[str, Any]], name: str
+) -> None:
     resume_step = int(name.split("step=")[1].split(".")[0])
     for r in range(2):
         full, resumed = results[r]["full"], results[r][name]
@@ -136,7 +169,9 @@ def test_resume_mid_epoch_continues_with_the_same_batches(results: list[dict[str
         assert (resumed["params"] - full["params"]).abs().max().item() < 1e-12
 
 
-def test_plan_changes_with_prefetching_workers_follow_the_schedule(results: list[dict[str, Any]]) -> None:
+def test_plan_changes_with_prefetching_workers_follow_the_schedule(
+    results: list[dict[str, Any]],
+) -> None:
     full0, full1 = results[0]["full"], results[1]["full"]
     assert full0["effective"] == full1["effective"]
     for called, eff in full0["effective"].items():

@@ -107,14 +107,21 @@ class _StepTimer(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         torch.set_num_threads(self.threads)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._t = time.perf_counter()
         if trainer.global_step == self.warmup and self._t0 is None:
             self._t0 = self._t
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
-                           batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         now = time.perf_counter()
         if self._t0 is not None:
             self.step_s.append(now - self._t)
@@ -128,20 +135,28 @@ class _StepTimer(L.Callback):
             return
         plan = getattr(trainer.strategy, "plan", None)
         elapsed = self._t_end - self._t0 if self._t0 is not None else float("nan")
-        Path(self.out).write_text(json.dumps({
-            "samples_per_s": self.samples / elapsed,
-            "step_ms_median": 1000 * statistics.median(self.step_s),
-            "plan": list(plan) if plan else [PER_RANK_BATCH] * trainer.world_size,
-        }))
+        Path(self.out).write_text(
+            json.dumps(
+                {
+                    "samples_per_s": self.samples / elapsed,
+                    "step_ms_median": 1000 * statistics.median(self.step_s),
+                    "plan": list(plan) if plan else [PER_RANK_BATCH] * trainer.world_size,
+                }
+            )
+        )
 
 
-def _run_once(strategy_name: str, args: argparse.Namespace, plan: list[int] | None) -> dict[str, Any]:
+def _run_once(
+    strategy_name: str, args: argparse.Namespace, plan: list[int] | None
+) -> dict[str, Any]:
     devices = args.devices
     steps = args.steps
     global_batch = PER_RANK_BATCH * devices
     g = torch.Generator().manual_seed(0)
     n = global_batch * steps
-    ds = TensorDataset(torch.randn(n, TOKENS, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
+    ds = TensorDataset(
+        torch.randn(n, TOKENS, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    )
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         strategy: Any
@@ -150,8 +165,13 @@ def _run_once(strategy_name: str, args: argparse.Namespace, plan: list[int] | No
         else:
             strategy = RexStrategy(micro_batch_sizes=plan, start_method="fork")
         trainer = L.Trainer(
-            accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps,
-            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            accelerator="cpu",
+            devices=devices,
+            strategy=strategy,
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
             enable_model_summary=False,
             callbacks=[
                 HeterogeneityEmulator(args.slowdowns, args.events),
@@ -193,8 +213,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         for name in args.compare:
             res = _run_once(name, args, plan)
             runs.append({"strategy": name, "repeat": rep, **res})
-            _log(f"{name:4s} repeat {rep}: {res['samples_per_s']:.1f} samples/s, "
-                 f"median step {res['step_ms_median']:.1f} ms, plan {res['plan']}")
+            _log(
+                f"{name:4s} repeat {rep}: {res['samples_per_s']:.1f} samples/s, "
+                f"median step {res['step_ms_median']:.1f} ms, plan {res['plan']}"
+            )
     result: dict[str, Any] = {"runs": runs}
     if {"ddp", "rex"} <= set(args.compare):
         ratios = []
@@ -242,19 +264,39 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     Returns:
         The ``bench`` parser.
     """
-    p = sub.add_parser("bench", help="real 2-process CPU benchmark: ddp vs rex",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--compare", type=lambda s: [x.strip() for x in s.split(",")],
-                   default=["ddp", "rex"], help="strategies to run, from ddp,rex (default ddp,rex)")
+    p = sub.add_parser(
+        "bench",
+        help="real 2-process CPU benchmark: ddp vs rex",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--compare",
+        type=lambda s: [x.strip() for x in s.split(",")],
+        default=["ddp", "rex"],
+        help="strategies to run, from ddp,rex (default ddp,rex)",
+    )
     p.add_argument("--devices", type=int, default=2, help="CPU ranks (default 2)")
-    p.add_argument("--slowdowns", type=_floats, default=None,
-                   help="per-rank emulated slowdowns, e.g. 1,3 (default: all 1)")
+    p.add_argument(
+        "--slowdowns",
+        type=_floats,
+        default=None,
+        help="per-rank emulated slowdowns, e.g. 1,3 (default: all 1)",
+    )
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     p.add_argument("--warmup", type=int, default=30, help="steps excluded from timing (default 30)")
-    p.add_argument("--micro-batch-sizes", type=_ints, default=None,
-                   help="rex plan, e.g. 48,16 (default: proportional to 1/slowdown)")
-    p.add_argument("--events", type=json.loads, default=None,
-                   help='emulated events as JSON: [{"ranks":[1],"start":100,"end":120,"factor":4}]')
+    p.add_argument(
+        "--micro-batch-sizes",
+        type=_ints,
+        default=None,
+        help="rex plan, e.g. 48,16 (default: proportional to 1/slowdown)",
+    )
+    p.add_argument(
+        "--events",
+        type=json.loads,
+        default=None,
+        help='emulated events as JSON: [{"ranks":[1],"start":100,"end":120,"factor":4}]',
+    )
     p.add_argument("--repeat", type=int, default=1, help="interleaved repeats (default 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
@@ -277,13 +319,16 @@ def main(args: argparse.Namespace) -> int:
     if args.slowdowns is None:
         args.slowdowns = [1.0] * args.devices
     if len(args.slowdowns) != args.devices:
-        raise SystemExit(f"--slowdowns needs {args.devices} values (one per device), got {args.slowdowns}")
+        raise SystemExit(
+            f"--slowdowns needs {args.devices} values (one per device), got {args.slowdowns}"
+        )
     if args.micro_batch_sizes is not None and (
         len(args.micro_batch_sizes) != args.devices
         or sum(args.micro_batch_sizes) != PER_RANK_BATCH * args.devices
     ):
         raise SystemExit(
-            f"--micro-batch-sizes needs {args.devices} values summing to {PER_RANK_BATCH * args.devices}"
+            f"--micro-batch-sizes needs {args.devices} values summing to "
+            f"{PER_RANK_BATCH * args.devices}"
         )
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"--warmup must be in [0, --steps), got {args.warmup}")
@@ -294,10 +339,14 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"{'strategy':8s} {'repeat':>6s} {'samples/s':>10s} {'step ms':>8s}  plan")
     for r in result["runs"]:
-        print(f"{r['strategy']:8s} {r['repeat']:6d} {r['samples_per_s']:10.1f} "
-              f"{r['step_ms_median']:8.2f}  {r['plan']}")
+        print(
+            f"{r['strategy']:8s} {r['repeat']:6d} {r['samples_per_s']:10.1f} "
+            f"{r['step_ms_median']:8.2f}  {r['plan']}"
+        )
     if "ratio_rex_over_ddp" in result:
         rs = result["ratios"]
-        print(f"rex/ddp throughput ratio: {result['ratio_rex_over_ddp']:.3f} (median of {len(rs)}; "
-              f"min {min(rs):.3f}, max {max(rs):.3f})")
+        print(
+            f"rex/ddp throughput ratio: {result['ratio_rex_over_ddp']:.3f} (median of {len(rs)}; "
+            f"min {min(rs):.3f}, max {max(rs):.3f})"
+        )
     return 0

@@ -60,16 +60,22 @@ class EmulatedEvent:
         """
         unknown = sorted(set(spec) - set(_EVENT_KEYS))
         if unknown:
-            raise ValueError(f"events[{index}] has unknown keys {unknown}; allowed: {list(_EVENT_KEYS)}")
+            raise ValueError(
+                f"events[{index}] has unknown keys {unknown}; allowed: {list(_EVENT_KEYS)}"
+            )
         missing = [k for k in _EVENT_KEYS if k not in spec]
         if missing:
             raise ValueError(f"events[{index}] is missing {missing}")
         ranks = tuple(int(r) for r in spec["ranks"])
         start, end, factor = int(spec["start"]), int(spec["end"]), float(spec["factor"])
         if not ranks or any(r < 0 for r in ranks):
-            raise ValueError(f"events[{index}].ranks must be a non-empty list of ranks >= 0, got {ranks}")
+            raise ValueError(
+                f"events[{index}].ranks must be a non-empty list of ranks >= 0, got {ranks}"
+            )
         if start < 0 or end <= start:
-            raise ValueError(f"events[{index}] needs 0 <= start < end, got start={start}, end={end}")
+            raise ValueError(
+                f"events[{index}] needs 0 <= start < end, got start={start}, end={end}"
+            )
         if not factor > 0:
             raise ValueError(f"events[{index}].factor must be > 0, got {factor}")
         return cls(ranks, start, end, factor)
@@ -100,7 +106,10 @@ class HeterogeneityEmulator(Callback):
         if slowdowns is not None:
             bad = [s for s in slowdowns if not float(s) >= 1.0]
             if bad:
-                raise ValueError(f"slowdowns must all be >= 1.0 (a factor on compute time), got {list(slowdowns)}")
+                raise ValueError(
+                    "slowdowns must all be >= 1.0 (a factor on compute time), got "
+                    f"{list(slowdowns)}"
+                )
         if not backward_ratio > 0:
             raise ValueError(f"backward_ratio must be > 0, got {backward_ratio}")
         self.slowdowns = None if slowdowns is None else tuple(float(s) for s in slowdowns)

@@ -88,7 +88,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self.accumulate_grad_batches = accumulate_grad_batches
         self.step_source = step_source
-        self.sampler = DistributedSampler(
+        self.sampler: DistributedSampler[int] = DistributedSampler(
             _Sized(num_samples),  # type: ignore[arg-type]
             num_replicas=1,
             rank=0,

@@ -74,10 +74,13 @@ class RexStrategy(DDPStrategy):
         if micro_batch_sizes is not None and batch_fractions is not None:
             raise ValueError(
                 "give either micro_batch_sizes or batch_fractions, not both (got "
-                f"micro_batch_sizes={list(micro_batch_sizes)}, batch_fractions={list(batch_fractions)})"
+                f"micro_batch_sizes={list(micro_batch_sizes)}, "
+                f"batch_fractions={list(batch_fractions)})"
             )
         if not isinstance(min_micro_batch_size, int) or min_micro_batch_size < 1:
-            raise ValueError(f"min_micro_batch_size must be an int >= 1, got {min_micro_batch_size!r}")
+            raise ValueError(
+                f"min_micro_batch_size must be an int >= 1, got {min_micro_batch_size!r}"
+            )
         if loss_reduction not in LOSS_REDUCTIONS:
             raise ValueError(
                 f"loss_reduction must be one of {LOSS_REDUCTIONS}, got {loss_reduction!r}"
@@ -97,8 +100,11 @@ class RexStrategy(DDPStrategy):
                 )
         if batch_fractions is not None:
             # checks sign and sum now; sizes are rounded once B is known
-            round_fractions(batch_fractions, 10 * len(batch_fractions) * min_micro_batch_size,
-                            min_micro_batch_size)
+            round_fractions(
+                batch_fractions,
+                10 * len(batch_fractions) * min_micro_batch_size,
+                min_micro_batch_size,
+            )
         super().__init__(**kwargs)
         self.micro_batch_sizes = None if micro_batch_sizes is None else tuple(micro_batch_sizes)
         self.batch_fractions = None if batch_fractions is None else tuple(batch_fractions)
@@ -258,7 +264,10 @@ class RexStrategy(DDPStrategy):
             (tuple(int(b) for b in sizes), None if at_step is None else int(at_step)), src=0
         )
         plan = validate_plan(
-            payload[0], sampler.global_batch, sampler.world_size, self.min_micro_batch_size,
+            payload[0],
+            sampler.global_batch,
+            sampler.world_size,
+            self.min_micro_batch_size,
             name="sizes",
         )
         wanted = self._current_step() if payload[1] is None else payload[1]
@@ -378,4 +387,3 @@ class RexStrategy(DDPStrategy):
         """Tear DDP down; the train loader is kept so ``plan`` stays readable after fit."""
         self._step_sizes = None
         super().teardown()
-

@@ -41,7 +41,7 @@ def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
         # plain pickle: torch's ForkingPickler would share tensors through file descriptors
         # that die with this process
         q.put((rank, True, pickle.dumps(out)))
-    except BaseException:  # noqa: BLE001 - report everything to the parent
+    except BaseException:
         q.put((rank, False, traceback.format_exc()))
     finally:
         try:
@@ -49,11 +49,13 @@ def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
-def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 240) -> list[Any]:
+def run_distributed(
+    fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 240
+) -> list[Any]:
     """Run ``fn(rank, *args)`` on ``world_size`` forked ranks; return the results by rank."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()

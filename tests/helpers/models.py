@@ -77,7 +77,9 @@ def permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> list[int
     return torch.randperm(n, generator=g).tolist()
 
 
-def global_batches(n: int, global_batch: int, world: int, seed: int, epoch: int, drop_last: bool = False) -> list[list[int]]:
+def global_batches(
+    n: int, global_batch: int, world: int, seed: int, epoch: int, drop_last: bool = False
+) -> list[list[int]]:
     perm = permutation(n, seed, epoch)
     full, rem = divmod(n, global_batch)
     out = [perm[k * global_batch : (k + 1) * global_batch] for k in range(full)]
