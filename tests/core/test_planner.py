@@ -1,0 +1,77 @@
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_rex.core.planner import exploration_kappa, resolve_bounds, water_fill
+
+
+def brute_minimax(curves, total, lo, hi):
+    best = np.inf
+    for b in itertools.product(*[range(lo[r], hi[r] + 1) for r in range(len(lo))]):
+        if sum(b) == total:
+            best = min(best, max(curves[r, b[r] - 1] for r in range(len(b))))
+    return best
+
+
+@given(
+    st.integers(2, 3),
+    st.integers(0, 10_000),
+    st.integers(6, 14),
+    st.booleans(),
+)
+@settings(max_examples=80, deadline=None)
+def test_water_fill_is_minimax_optimal(n, seed, total, capped):
+    rng = np.random.default_rng(seed)
+    g = total
+    steps = rng.uniform(0, 1, size=(n, g)) * (rng.uniform(size=(n, g)) < 0.7)
+    curves = np.cumsum(steps, axis=1) + rng.uniform(0, 2, size=(n, 1))
+    lo = np.ones(n, dtype=np.int64)
+    hi = np.full(n, total - n + 1, dtype=np.int64)
+    if capped:
+        hi[0] = max(1, total // n)
+        if hi.sum() < total:
+            hi[0] = total - n + 1
+    plan = water_fill(curves, total, lo, hi)
+    assert sum(plan) == total
+    assert all(lo[r] <= plan[r] <= hi[r] for r in range(n))
+    got = max(curves[r, plan[r] - 1] for r in range(n))
+    assert got == pytest.approx(brute_minimax(curves, total, lo, hi), rel=1e-9)
+
+
+def test_affine_balance_and_forced_slow_rank():
+    rates = np.array([1000.0, 2000.0, 3000.0])
+    s = np.arange(1, 513)
+    plan = water_fill(0.004 + s / rates[:, None], 512, np.ones(3, int), np.full(3, 510))
+    assert plan == (85, 171, 256)
+    # a rank slower at its minimum than anyone at any size takes what is free; the rest balance
+    c = np.vstack([np.full(64, 9.0), 0.01 + s[:64] / 2000.0, 0.01 + s[:64] / 2000.0])
+    plan = water_fill(c, 64, np.ones(3, int), np.full(3, 62))
+    assert plan[1] + plan[2] + plan[0] == 64 and abs(plan[1] - plan[2]) <= 1
+
+
+def test_bounds_and_errors():
+    lo, hi = resolve_bounds(3, 30, 2, [None, 5, None])
+    assert lo.tolist() == [2, 2, 2] and hi.tolist() == [26, 5, 26]
+    with pytest.raises(ValueError, match="max_sizes"):
+        resolve_bounds(3, 30, 1, [5, 5, 5])
+    with pytest.raises(ValueError, match="min_size"):
+        resolve_bounds(3, 30, 0, None)
+    with pytest.raises(ValueError, match="below min_size"):
+        resolve_bounds(3, 30, 4, [3, None, None])
+    with pytest.raises(ValueError):
+        water_fill(np.ones((2, 4)), 10, np.ones(2, int), np.full(2, 4))
+    assert exploration_kappa(1.0, 4) == 0.5 and exploration_kappa(1.0, 0) == 0.0
+
+
+def test_large_plan_is_fast():
+    import time
+
+    rng = np.random.default_rng(0)
+    r = rng.uniform(100, 3000, 4096)
+    s = np.arange(1, 257)
+    t0 = time.perf_counter()
+    plan = water_fill(0.002 + s / r[:, None], 4096 * 64, np.ones(4096, int), np.full(4096, 256))
+    assert time.perf_counter() - t0 < 1.0 and sum(plan) == 4096 * 64

@@ -1,0 +1,120 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from lightning_rex.core import significance as sig
+from lightning_rex.core.significance import Persistence, holm, imbalance_test
+
+
+def ar1_lognormal(rng, n, k, cv, rho):
+    s = np.sqrt(np.log1p(cv * cv))
+    x = np.empty((n, k))
+    x[:, 0] = rng.standard_normal(n) * s
+    e = rng.standard_normal((n, k)) * s * np.sqrt(1 - rho * rho)
+    for j in range(1, k):
+        x[:, j] = rho * x[:, j - 1] + e[:, j]
+    return np.exp(x - s * s / 2)
+
+
+def test_holm_matches_definition():
+    p = np.array([0.01, 0.04, 0.03, 0.005])
+    # sorted: .005*4=.02, .01*3=.03, .03*2=.06, .04*1=.04 -> monotone .06
+    np.testing.assert_allclose(holm(p), [0.03, 0.06, 0.06, 0.02])
+    assert holm(np.array([0.9, 0.8])).max() <= 1.0
+
+
+def test_u_matches_scipy_for_every_rank_when_uncorrected(monkeypatch):
+    monkeypatch.setattr(sig, "variance_inflation", lambda ranks, max_lag=10: 1.0)
+    rng = np.random.default_rng(3)
+    t = rng.lognormal(size=(5, 30))
+    t[2] *= 1.3
+    res = imbalance_test(t, alpha=0.05)
+    for r in range(5):
+        others = np.delete(t, r, axis=0).ravel()
+        ref = stats.mannwhitneyu(t[r], others, alternative="greater", method="asymptotic")
+        assert res.raw_p_values[r] == pytest.approx(ref.pvalue, rel=1e-9)
+        ref_f = stats.mannwhitneyu(t[r], others, alternative="less", method="asymptotic")
+        assert res.raw_p_values_fast[r] == pytest.approx(ref_f.pvalue, rel=1e-9)
+
+
+def test_autocorrelation_inflates_the_variance():
+    rng = np.random.default_rng(0)
+    iid = stats.rankdata(rng.standard_normal(8 * 30)).reshape(8, 30)
+    ar = stats.rankdata(ar1_lognormal(rng, 8, 30, 0.3, 0.8).ravel()).reshape(8, 30)
+    assert sig.variance_inflation(ar) > 2.5 * sig.variance_inflation(iid)
+    assert sig.variance_inflation(iid) >= 1.0
+
+
+@given(st.lists(st.floats(0.1, 10.0), min_size=2, max_size=15))
+@settings(max_examples=60, deadline=None)
+def test_leave_one_out_median(xs):
+    x = np.array(xs)
+    got = sig._leave_one_out_median(x)
+    want = [np.median(np.delete(x, r)) for r in range(x.size)]
+    np.testing.assert_allclose(got, want)
+
+
+@pytest.mark.parametrize("n", [2, 8, 32])
+def test_false_positive_rate_at_most_alpha(n):
+    """Noise only, lognormal CV 0.3, AR(1) 0.5: fixed seed set of 500 windows."""
+    rng = np.random.default_rng(1000 + n)
+    results = [imbalance_test(ar1_lognormal(rng, n, 30, 0.3, 0.5)) for _ in range(500)]
+    assert np.mean([r.imbalanced for r in results]) <= 0.01
+    assert np.mean([r.min_p < 0.01 for r in results]) <= 0.01
+
+
+def test_uncorrected_test_would_fail_the_same_check(monkeypatch):
+    monkeypatch.setattr(sig, "variance_inflation", lambda ranks, max_lag=10: 1.0)
+    rng = np.random.default_rng(1008)
+    fp = np.mean(
+        [imbalance_test(ar1_lognormal(rng, 8, 30, 0.3, 0.5)).min_p < 0.01 for _ in range(300)]
+    )
+    assert fp > 0.05
+
+
+def test_detects_real_imbalance_and_names_the_rank():
+    rng = np.random.default_rng(7)
+    hits_slow, hits_fast = 0, 0
+    for _ in range(100):
+        t = ar1_lognormal(rng, 16, 30, 0.10, 0.5)
+        t[5] *= 1.5
+        t[9] /= 1.5
+        r = imbalance_test(t)
+        hits_slow += r.slow_ranks == (5,)
+        hits_fast += r.fast_ranks == (9,)
+    assert hits_slow >= 95 and hits_fast >= 95
+
+
+def test_effect_threshold_blocks_tiny_but_significant_differences():
+    rng = np.random.default_rng(1)
+    t = ar1_lognormal(rng, 8, 300, 0.01, 0.0)
+    t[0] *= 1.03
+    r = imbalance_test(t, min_effect=0.05)
+    assert r.p_values[0] < 1e-6 and not r.imbalanced
+    assert imbalance_test(t, min_effect=0.01).slow_ranks == (0,)
+
+
+def test_result_to_dict_and_single_rank():
+    r = imbalance_test(np.ones((1, 10)))
+    assert not r.imbalanced
+    d = imbalance_test(np.random.default_rng(0).lognormal(size=(3, 20))).to_dict()
+    assert set(d) >= {"imbalanced", "p_values", "effect", "slow_ranks"}
+    with pytest.raises(ValueError, match="alpha"):
+        imbalance_test(np.ones((2, 5)), alpha=1.5)
+
+
+def test_persistence():
+    p = Persistence(2)
+    assert [p.update(v) for v in (True, False, True, True, True)] == [
+        False,
+        False,
+        False,
+        True,
+        True,
+    ]
+    p.reset()
+    assert not p.update(True)
+    with pytest.raises(ValueError):
+        Persistence(0)
