@@ -1,0 +1,121 @@
+import json
+
+import numpy as np
+import pytest
+
+from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.window import Window
+
+RATES = np.array([1000.0, 2000.0, 3000.0, 3000.0])
+
+
+def window(plan, rng, step, rates=RATES, cv=0.05, factor=None):
+    base = 0.004 + np.asarray(plan) / rates
+    if factor is not None:
+        base = base * factor
+    t = base[:, None] * np.exp(rng.normal(0, cv, (len(plan), 30)))
+    return Window(t, tuple(plan), step, step + 30)
+
+
+def drive(c, rng, n, start=0, **kw):
+    out = []
+    for i in range(n):
+        d = c.observe(window(c.plan, rng, start + 30 * i, **kw))
+        out.append(d)
+    return out
+
+
+def test_proposes_accepts_and_balances():
+    c = Controller(512, 4, seed=0)
+    ds = drive(c, np.random.default_rng(0), 8)
+    kinds = [d.kind for d in ds]
+    assert kinds[0] == "propose" and kinds[1] == "accept"
+    times = 0.004 + np.array(c.plan) / RATES
+    assert times.max() / times.min() < 1.1
+    assert sum(c.plan) == 512
+    json.dumps([d.to_dict() for d in ds])
+    summary = c.rank_model_summary()
+    np.testing.assert_allclose(summary["rate"], RATES, rtol=0.25)
+
+
+def test_homogeneous_noise_never_rescales():
+    c = Controller(256, 8, seed=1)
+    rng = np.random.default_rng(1)
+    rates = np.full(8, 2000.0)
+    for i in range(60):
+        d = c.observe(window(c.plan, rng, 30 * i, rates=rates, cv=0.3))
+        assert d.kind == "hold"
+
+
+def test_rollback_keeps_observations_and_restores_plan():
+    c = Controller(512, 4, seed=0)
+    rng = np.random.default_rng(0)
+    d = c.observe(window(c.plan, rng, 0))
+    assert d.kind == "propose"
+    old, new = (128, 128, 128, 128), d.plan
+    # the old plan is still in force for one window: hold
+    assert c.observe(window(old, rng, 30)).kind == "hold"
+    n_obs = c.model.n_obs
+    # the new plan turns out far slower than before and than predicted
+    bad = c.observe(window(new, rng, 60, factor=np.array([1.0, 4.0, 4.0, 4.0])))
+    assert bad.kind == "rollback" and bad.plan == old
+    assert c.plan == old and c.model.n_obs == n_obs + 1
+    # windows still under the rejected plan are ignored
+    assert c.observe(window(new, rng, 90)).kind == "hold"
+    assert c.state == "rolling_back"
+    c.observe(window(old, rng, 120))
+    assert c.state == "steady"
+
+
+def test_unexpected_plan_is_ignored():
+    c = Controller(512, 4)
+    d = c.observe(window((100, 100, 100, 212), np.random.default_rng(0), 0))
+    assert d.kind == "hold" and "unexpected" in d.reason
+
+
+def test_set_bounds_is_respected_by_the_next_proposal():
+    c = Controller(512, 4, seed=0)
+    rng = np.random.default_rng(0)
+    drive(c, rng, 4)
+    c.set_bounds(1, [None, None, 140, 140])
+    d = c.observe(window(c.plan, rng, 300))
+    assert d.kind == "propose"
+    assert max(d.plan[2:]) <= 140 and sum(d.plan) == 512
+    with pytest.raises(ValueError):
+        c.set_bounds(1, [10, 10, 10, 10])
+
+
+def test_state_dict_round_trip_gives_identical_continuation():
+    rng_a = np.random.default_rng(5)
+    a = Controller(512, 4, seed=3)
+    drive(a, rng_a, 5)
+    # introduce a change so the continuation has decisions to make
+    snapshot = json.loads(json.dumps(a.state_dict()))
+    rng_state = rng_a.bit_generator.state
+    b = Controller(512, 4, seed=3)
+    b.load_state_dict(snapshot)
+    rng_b = np.random.default_rng()
+    rng_b.bit_generator.state = rng_state
+    f = np.array([1.0, 1.0, 1.5, 1.0])
+    da = [x.to_dict() for x in drive(a, rng_a, 8, start=150, factor=f)]
+    db = [x.to_dict() for x in drive(b, rng_b, 8, start=150, factor=f)]
+    assert da == db
+    assert any(x["kind"] == "propose" for x in da)
+
+
+def test_deterministic_for_a_seed():
+    runs = []
+    for _ in range(2):
+        c = Controller(512, 4, seed=9)
+        runs.append([d.to_dict() for d in drive(c, np.random.default_rng(2), 6)])
+    assert runs[0] == runs[1]
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="alpha"):
+        Controller(64, 2, alpha=0)
+    with pytest.raises(ValueError, match="initial_plan"):
+        Controller(64, 2, initial_plan=(10, 10))
+    with pytest.raises(ValueError, match="ranks"):
+        Controller(64, 2).observe(window((16, 16, 16, 16), np.random.default_rng(0), 0))
+    assert Decision("hold", None, None, None, None, "x").to_dict()["kind"] == "hold"
