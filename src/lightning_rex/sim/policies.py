@@ -94,7 +94,17 @@ def fit_plan(sizes: np.ndarray, info: PolicyInfo) -> Plan:
         The nearest feasible plan (largest remainder, then clipped and repaired).
     """
     lo, hi = _bounds(info)
-    s = np.clip(np.asarray(sizes, dtype=np.float64), lo, hi)
+    want = np.asarray(sizes, dtype=np.float64)
+    s = want / want.sum() * info.global_batch
+    for _ in range(info.world_size):  # clip to the caps, re-share the excess in proportion
+        c = np.clip(s, lo, hi)
+        excess = info.global_batch - c.sum()
+        free = (c < hi) & (c > lo) if excess > 0 else (c > lo)
+        if abs(excess) < 1e-9 or not free.any():
+            s = c
+            break
+        c[free] += excess * c[free] / c[free].sum()
+        s = c
     plan = np.asarray(round_fractions(list(s / s.sum()), info.global_batch, info.min_size))
     plan = np.clip(plan, lo, hi)
     diff = info.global_batch - int(plan.sum())
