@@ -77,6 +77,8 @@ def test_set_bounds_is_respected_by_the_next_proposal():
     c = Controller(512, 4, seed=0)
     rng = np.random.default_rng(0)
     drive(c, rng, 4)
+    while c.state != "steady":
+        c.observe(window(c.plan, rng, 120))
     c.set_bounds(1, [None, None, 140, 140])
     d = c.observe(window(c.plan, rng, 300))
     assert d.kind == "propose"
@@ -119,3 +121,11 @@ def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="ranks"):
         Controller(64, 2).observe(window((16, 16, 16, 16), np.random.default_rng(0), 0))
     assert Decision("hold", None, None, None, None, "x").to_dict()["kind"] == "hold"
+
+
+def test_decline_keeps_the_old_plan():
+    c = Controller(512, 4, seed=0)
+    d = c.observe(window(c.plan, np.random.default_rng(0), 0))
+    assert d.kind == "propose"
+    c.decline()
+    assert c.plan == (128, 128, 128, 128) and c.state == "steady"

@@ -7,10 +7,12 @@ States and transitions, one :meth:`Controller.observe` call per window:
   is considered only when the imbalance is *persistent*: the test on the last ``persistence``
   windows pooled is significant for some rank (Holm, ``alpha``, effect above
   ``1 + min_effect``), and every one of those windows on its own points the same way for that
-  rank (raw one-sided p below ``consistency``). A transient straggler, one bad window, fails
-  the second condition. Then the model's hyperparameters are refitted, the planner proposes
-  the minimax plan, and the decision is **propose** if the plan differs and its predicted step
-  time beats the current plan's by at least ``min_gain``; otherwise **hold**.
+  rank (raw one-sided p below ``consistency``), and the latest window does not show it
+  ending (its first half significantly slower than its second half). A transient straggler,
+  one bad window or two half-windows across a boundary, fails the last two conditions. Then
+  the model's hyperparameters are refitted, the planner proposes the minimax plan, and
+  the decision is **propose** if the plan differs and its
+  predicted step time beats the current plan's by at least ``min_gain``; otherwise **hold**.
 * **validating** (a proposal is out). Windows still measured under the old plan only teach the
   model (**hold**). The first window under the new plan is checked for *non-inferiority*:
   **rollback** (to the previous plan) when its per-step synchronous times are significantly
@@ -100,6 +102,8 @@ class Controller:
         initial_plan: The plan in force at the start; the even split when None.
         consistency: Raw one-sided p-value each of the ``persistence`` windows must reach on
             its own for the flagged rank.
+        ending_alpha: Level of the veto that calls an imbalance transient when the latest
+            window's first half is slower (faster) than its second half for that rank.
         min_gain: Smallest predicted relative step-time gain worth a proposal.
         margin: Non-inferiority margin: a new plan is rolled back only when it is
             significantly slower than the old by more than this fraction.
@@ -123,6 +127,7 @@ class Controller:
         seed: int = 0,
         initial_plan: Sequence[int] | None = None,
         consistency: float = 0.01,
+        ending_alpha: float = 0.05,
         min_gain: float = 0.01,
         margin: float = 0.02,
         tolerance: float = 0.10,
@@ -141,6 +146,7 @@ class Controller:
         self.persistence = int(persistence)
         self.seed = int(seed)
         self.consistency = float(consistency)
+        self.ending_alpha = float(ending_alpha)
         self.min_gain = float(min_gain)
         self.margin = float(margin)
         self.tolerance = float(tolerance)
@@ -190,6 +196,18 @@ class Controller:
         self._lo, self._hi = resolve_bounds(self.world_size, self.global_batch, min_size, max_sizes)
         self.min_size = int(min_size)
         self.max_sizes = None if max_sizes is None else list(max_sizes)
+
+    def decline(self) -> None:
+        """Tell the controller that its last proposal will not be applied (monitor-only use).
+
+        The previous plan stays in force, what the windows taught the model is kept, and the
+        controller returns to the steady state. Does nothing unless a proposal is out.
+        """
+        if self._state == "validating" and self._previous is not None:
+            self._plan = self._previous
+            self._pending, self._previous, self._baseline = None, None, None
+            self._state = "steady"
+            self._recent = []
 
     def rank_model_summary(self) -> dict[str, list[float]]:
         """Per-rank fitted overhead (``overhead_s``) and rate (``rate``, samples/s)."""
@@ -275,14 +293,28 @@ class Controller:
         )
         each = [imbalance_test(w, alpha=self.alpha, min_effect=self.min_effect) for w in wins]
         thr = 1.0 + self.min_effect
+        last = wins[-1]
+        half = last.shape[1] // 2
+
+        def ending(r: int, slow: bool) -> bool:
+            # A straggler that stops inside the latest window is transient: its first half is
+            # significantly slower (or faster) than its second half.
+            if half < 2:
+                return False
+            t = imbalance_test(np.stack([last[r, :half], last[r, -half:]]), min_effect=0.0)
+            p = t.raw_p_values[0] if slow else t.raw_p_values_fast[0]
+            return bool(p < self.ending_alpha)
+
         out = []
         for r in pooled.slow_ranks:
-            if all(e.raw_p_values[r] < self.consistency and e.effect[r] > thr for e in each):
+            ok = all(e.raw_p_values[r] < self.consistency and e.effect[r] > thr for e in each)
+            if ok and not ending(r, True):
                 out.append(r)
         for r in pooled.fast_ranks:
-            if all(
+            ok = all(
                 e.raw_p_values_fast[r] < self.consistency and e.effect[r] < 1 / thr for e in each
-            ):
+            )
+            if ok and not ending(r, False):
                 out.append(r)
         return sorted(out)
 

@@ -1,4 +1,4 @@
-"""``python -m lightning_rex simulate``: run policies on a scenario and print the metrics.
+r"""``python -m lightning_rex simulate``: run policies on a scenario and print the metrics.
 
 Single run::
 
@@ -6,7 +6,8 @@ Single run::
 
 Comparison (the oracle always runs too, since efficiency needs it)::
 
-    python -m lightning_rex simulate --scenario drift-16 --compare even,static,proportional,rex,oracle
+    python -m lightning_rex simulate --scenario drift-16 \
+        --compare even,static,proportional,rex,oracle
 
 With ``--json`` stdout holds exactly one JSON object,
 ``{"scenario", "seed", "policies": {name: {metrics}}}`` (see
@@ -125,7 +126,8 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps({"scenario": scen.name, "seed": args.seed, "policies": res}))
         else:
             print(
-                f"scenario {scen.name}, seed {args.seed}, {scen.world_size} ranks, {scen.steps} steps"
+                f"scenario {scen.name}, seed {args.seed}, {scen.world_size} ranks, "
+                f"{scen.steps} steps"
             )
             cols = [
                 "throughput",

@@ -11,6 +11,7 @@ oracle that sets the limit) runs on the same noise.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -148,7 +149,7 @@ def simulate(scenario: Scenario, policy: Policy, seed: int) -> Trace:
         noise = _noise(rng, state, k, s.noise.cv, s.noise.ar1)
         times = np.empty((n, k))
         cuts = [start] + [b for b in bounds if start < b < end] + [end]
-        for a, b in zip(cuts[:-1], cuts[1:]):
+        for a, b in itertools.pairwise(cuts):
             p = np.asarray(oracle.plan_at(a) if oracle is not None else plan)
             times[:, a - start : b - start] = ((over + np.maximum(p, knee) / rate) * s.factors(a))[
                 :, None

@@ -136,8 +136,9 @@ def slowdown_15pct_16() -> dict[str, Any]:
 
 
 def transient_16() -> dict[str, Any]:
-    """16 identical ranks; four 1.6x stragglers lasting one window or less, some straddling
-    window boundaries.
+    """16 identical ranks; four 1.6x stragglers of one window or less, some straddling.
+
+    Two of them straddle a window boundary.
     """
     ev = [
         {"ranks": [2], "start": 600, "end": 630, "factor": 1.6},
@@ -157,8 +158,10 @@ def transient_16() -> dict[str, Any]:
 
 
 def drift_16() -> dict[str, Any]:
-    """16 ranks (A100 and V100); rank 2 slows by 8% every 300 steps from step 600 (1.85x at
-    the end) while rank 10 speeds up by 6% at the same times.
+    """16 ranks (A100 and V100) drifting apart slowly.
+
+    Rank 2 slows by 8% every 300 steps from step 600 (1.85x at the end) while rank 10 speeds
+    up by 6% at the same times (six times).
     """
     ranks = [_rank("A100")] * 8 + [_rank("V100")] * 8
     ev = []

@@ -1,0 +1,68 @@
+import argparse
+import json
+
+import pytest
+
+from lightning_rex.sim import cli
+
+
+def run_cli(argv, capsys):
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command", required=True)
+    cli.add_parser(sub)
+    args = p.parse_args(["simulate", *argv])
+    rc = args.func(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_json_is_exactly_one_object_with_the_schema(capsys):
+    rc, out, _ = run_cli(
+        ["--scenario", "pair-3x", "--policy", "rex", "--seed", "1", "--steps", "300", "--json"],
+        capsys,
+    )
+    assert rc == 0
+    d = json.loads(out)
+    assert d["scenario"] == "pair-3x" and d["seed"] == 1
+    assert set(d["policies"]) == {"rex", "oracle"}
+    keys = {
+        "throughput",
+        "limit_throughput",
+        "efficiency",
+        "time_to_90pct_windows",
+        "rescales",
+        "rollbacks",
+        "false_rescales",
+        "detection_delay_windows",
+        "decision_ms_p50",
+        "decision_ms_p99",
+        "final_plan",
+    }
+    assert set(d["policies"]["rex"]) == keys
+    assert d["policies"]["oracle"]["efficiency"] == 1.0
+
+
+def test_compare_table(capsys):
+    rc, out, _ = run_cli(
+        ["--scenario", "pair-3x", "--compare", "even,proportional", "--steps", "300"], capsys
+    )
+    assert rc == 0
+    for name in ("even", "proportional", "oracle"):
+        assert name in out
+
+
+def test_seed_sets_aggregate(capsys):
+    rc, out, _ = run_cli(
+        ["--scenario", "pair-3x", "--seeds", "0-1", "--steps", "300", "--json"], capsys
+    )
+    d = json.loads(out)
+    assert rc == 0 and d["seeds"] == [0, 1] and "eff_mean" in d["policies"]["rex"]
+
+
+def test_bad_scenario_and_policy(capsys, tmp_path):
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"global_batch": 8, "steps": 30, "ranks": [], "x": 1}))
+    rc, _, err = run_cli(["--scenario", str(f)], capsys)
+    assert rc == 2 and "x" in err
+    with pytest.raises(SystemExit):
+        run_cli(["--scenario", "pair-3x", "--compare", "rex,magic"], capsys)
