@@ -4,6 +4,9 @@ Nothing under this package imports Lightning or ``torch.distributed``; the simul
 the Lightning callback both drive it through the same :class:`Controller` interface.
 """
 
+from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.kernels import SplineKernel, bspline_basis
+from lightning_rex.core.model import RankTimeModel
 from lightning_rex.core.plan import (
     Plan,
     even_plan,
@@ -11,5 +14,34 @@ from lightning_rex.core.plan import (
     split_in_proportion,
     validate_plan,
 )
+from lightning_rex.core.planner import exploration_kappa, resolve_bounds, water_fill
+from lightning_rex.core.significance import (
+    ImbalanceResult,
+    Persistence,
+    holm,
+    imbalance_test,
+    variance_inflation,
+)
+from lightning_rex.core.window import Window
 
-__all__ = ["Plan", "even_plan", "round_fractions", "split_in_proportion", "validate_plan"]
+__all__ = [
+    "Controller",
+    "Decision",
+    "ImbalanceResult",
+    "Persistence",
+    "Plan",
+    "RankTimeModel",
+    "SplineKernel",
+    "Window",
+    "bspline_basis",
+    "even_plan",
+    "exploration_kappa",
+    "holm",
+    "imbalance_test",
+    "resolve_bounds",
+    "round_fractions",
+    "split_in_proportion",
+    "validate_plan",
+    "variance_inflation",
+    "water_fill",
+]
