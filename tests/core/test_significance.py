@@ -118,3 +118,17 @@ def test_persistence():
     assert not p.update(True)
     with pytest.raises(ValueError):
         Persistence(0)
+
+
+def test_ending_p_value_flags_stragglers_that_stop_or_start_not_persistent_ones():
+    rng = np.random.default_rng(11)
+    stop, persist = 0, 0
+    for _ in range(100):
+        t = ar1_lognormal(rng, 16, 30, 0.1, 0.5)
+        t[4, :15] *= 1.6
+        stop += sig.ending_p_value(t, 4) < 0.05
+        u = ar1_lognormal(rng, 16, 30, 0.1, 0.5)
+        u[4] *= 1.15
+        persist += sig.ending_p_value(u, 4) < 0.05 or sig.ending_p_value(u, 4, slower=False) < 0.05
+    assert stop >= 90 and persist <= 5
+    assert sig.ending_p_value(np.ones((3, 4)), 0) == 1.0

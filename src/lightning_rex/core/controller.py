@@ -8,8 +8,10 @@ States and transitions, one :meth:`Controller.observe` call per window:
   windows pooled is significant for some rank (Holm, ``alpha``, effect above
   ``1 + min_effect``), and every one of those windows on its own points the same way for that
   rank (raw one-sided p below ``consistency``), and the latest window does not show it
-  ending (its first half significantly slower than its second half). A transient straggler,
-  one bad window or two half-windows across a boundary, fails the last two conditions. Then
+  ending or starting inside it (:func:`~lightning_rex.core.significance.ending_p_value`: the
+  rank's excess over the pack changes significantly at some split of the window). A
+  transient straggler, one bad window or two half-windows across a boundary, fails the last
+  two conditions. Then
   the model's hyperparameters are refitted, the planner proposes the minimax plan, and
   the decision is **propose** if the plan differs and its
   predicted step time beats the current plan's by at least ``min_gain``; otherwise **hold**.
@@ -42,7 +44,7 @@ import numpy as np
 from lightning_rex.core.model import RankTimeModel
 from lightning_rex.core.plan import Plan, even_plan, validate_plan
 from lightning_rex.core.planner import exploration_kappa, resolve_bounds, water_fill
-from lightning_rex.core.significance import ImbalanceResult, imbalance_test
+from lightning_rex.core.significance import ImbalanceResult, ending_p_value, imbalance_test
 from lightning_rex.core.window import Window
 
 __all__ = ["Controller", "Decision"]
@@ -102,8 +104,8 @@ class Controller:
         initial_plan: The plan in force at the start; the even split when None.
         consistency: Raw one-sided p-value each of the ``persistence`` windows must reach on
             its own for the flagged rank.
-        ending_alpha: Level of the veto that calls an imbalance transient when the latest
-            window's first half is slower (faster) than its second half for that rank.
+        ending_alpha: Level of the veto that calls an imbalance transient when it ends (or
+            starts) inside the latest window (see ``ending_p_value``).
         min_gain: Smallest predicted relative step-time gain worth a proposal.
         margin: Non-inferiority margin: a new plan is rolled back only when it is
             significantly slower than the old by more than this fraction.
@@ -294,16 +296,13 @@ class Controller:
         each = [imbalance_test(w, alpha=self.alpha, min_effect=self.min_effect) for w in wins]
         thr = 1.0 + self.min_effect
         last = wins[-1]
-        half = last.shape[1] // 2
 
         def ending(r: int, slow: bool) -> bool:
-            # A straggler that stops inside the latest window is transient: its first half is
-            # significantly slower (or faster) than its second half.
-            if half < 2:
-                return False
-            t = imbalance_test(np.stack([last[r, :half], last[r, -half:]]), min_effect=0.0)
-            p = t.raw_p_values[0] if slow else t.raw_p_values_fast[0]
-            return bool(p < self.ending_alpha)
+            # A straggler that stops inside the latest window is transient; one that starts
+            # inside it is a new episode, not the continuation of the earlier windows'.
+            stops = ending_p_value(last, r, slower=slow) < self.ending_alpha
+            starts = ending_p_value(last, r, slower=not slow) < self.ending_alpha
+            return stops or starts
 
         out = []
         for r in pooled.slow_ranks:

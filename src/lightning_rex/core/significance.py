@@ -39,6 +39,7 @@ __all__ = [
     "ImbalanceResult",
     "Persistence",
     "block_medians",
+    "ending_p_value",
     "holm",
     "imbalance_test",
     "variance_inflation",
@@ -263,6 +264,49 @@ def imbalance_test(
         alpha=float(alpha),
         min_effect=float(min_effect),
     )
+
+
+def ending_p_value(times: np.ndarray, rank: int, *, slower: bool = True) -> float:
+    """Evidence that a rank's deviation from the others *ends* inside the window.
+
+    The rank's excess over the pack, ``log t[rank, k] - median_s log t[s, k]`` per step, is
+    split at a third, a half and two thirds of the window; at each split a one-sided U test
+    (ESS corrected like :func:`imbalance_test`, with the autocorrelation of the other ranks)
+    asks whether the part before is slower (or
+    faster, ``slower=False``) than the part after. A straggler that stopped inside the window
+    gives a small p-value; a persistent imbalance does not.
+
+    Args:
+        times: The window, shape ``(N, K)``.
+        rank: The rank to examine.
+        slower: Direction of the deviation being checked.
+
+    Returns:
+        The Bonferroni-adjusted smallest p-value over the splits (1.0 when ``K < 6``).
+    """
+    t = np.log(np.asarray(times, dtype=np.float64))
+    k = t.shape[1]
+    if k < 6:
+        return 1.0
+    others = np.delete(t, rank, axis=0) if t.shape[0] > 1 else np.zeros_like(t)
+    e = t[rank] - np.median(others, axis=0)
+    if not slower:
+        e = -e
+    r = stats.rankdata(e)
+    # The autocorrelation comes from the other ranks: a change point inside this rank's own
+    # series would masquerade as strong autocorrelation and hide itself.
+    if t.shape[0] > 2:
+        f = variance_inflation(stats.rankdata(others.ravel()).reshape(others.shape))
+    else:
+        f = variance_inflation(r[None, :])
+    best = 1.0
+    splits = sorted({k // 3, k // 2, (2 * k) // 3})
+    for s in splits:
+        n1, n2 = s, k - s
+        u = r[:s].sum() - n1 * (n1 + 1) / 2.0
+        sd = np.sqrt(n1 * n2 * (k + 1) / 12.0 * f)
+        best = min(best, float(stats.norm.sf((u - n1 * n2 / 2.0 - 0.5) / sd)))
+    return min(1.0, best * len(splits))
 
 
 class Persistence:
