@@ -52,6 +52,10 @@ class RexStrategy(DDPStrategy):
             BatchNorm models want >= 2).
         loss_reduction: What ``training_step``'s loss is over its micro-batch: ``"mean"`` (the
             default) or ``"sum"``.
+        adaptive: Let a :class:`~lightning_rex.RexCallback` change the plan at run time (the
+            default). If no ``RexCallback`` is among the Trainer's callbacks, one with default
+            arguments is attached. ``adaptive=False`` keeps the initial plan fixed (an
+            explicit ``RexCallback`` then only monitors).
         **kwargs: Passed through to :class:`~lightning.pytorch.strategies.DDPStrategy`
             (``process_group_backend``, ``find_unused_parameters``, ``ddp_comm_hook``,
             ``start_method``, ...). ``model_averaging_period`` is rejected: it averages
@@ -69,6 +73,7 @@ class RexStrategy(DDPStrategy):
         batch_fractions: Sequence[float] | None = None,
         min_micro_batch_size: int = 1,
         loss_reduction: LossReduction = "mean",
+        adaptive: bool = True,
         **kwargs: Any,
     ) -> None:
         if micro_batch_sizes is not None and batch_fractions is not None:
@@ -110,6 +115,7 @@ class RexStrategy(DDPStrategy):
         self.batch_fractions = None if batch_fractions is None else tuple(batch_fractions)
         self.min_micro_batch_size = min_micro_batch_size
         self.loss_reduction: LossReduction = loss_reduction
+        self.adaptive = bool(adaptive)
         self._loader: RexDataLoader | None = None
         self._step_sizes: Plan | None = None
         self._in_training_step = False
@@ -151,6 +157,21 @@ class RexStrategy(DDPStrategy):
                 f"{len(self.batch_fractions)} entries ({list(self.batch_fractions)})"
             )
         super()._configure_launcher()
+
+    def setup_environment(self) -> None:
+        """Attach a default :class:`~lightning_rex.RexCallback` when adaptive and none is given.
+
+        This runs before callbacks are set up and restored from a checkpoint, so the attached
+        callback takes part in both.
+        """
+        module = self.lightning_module
+        trainer = module._trainer if module is not None else None
+        if self.adaptive and trainer is not None:
+            from lightning_rex.callback import RexCallback
+
+            if not any(isinstance(c, RexCallback) for c in trainer.callbacks):
+                trainer.callbacks.append(RexCallback())
+        super().setup_environment()
 
     def setup(self, trainer: pl.Trainer) -> None:
         """Check what REX cannot support, then set up DDP.
@@ -285,7 +306,12 @@ class RexStrategy(DDPStrategy):
         return self.root_device if backend == "nccl" else torch.device("cpu")
 
     # ------------------------------------------------------------------ weighting
-    def _sizes_of_current_batch(self) -> Plan | None:
+    def current_batch_sizes(self) -> Plan | None:
+        """The per-rank sizes of the batch being trained now (None outside training).
+
+        Returns:
+            The sizes of the current batch of the epoch: the plan, or the final partial split.
+        """
         if self._loader is None or self.lightning_module is None:
             return None
         batch_idx = self.lightning_module.trainer.fit_loop.epoch_loop.batch_idx
@@ -301,7 +327,7 @@ class RexStrategy(DDPStrategy):
         Returns:
             The LightningModule's output.
         """
-        self._step_sizes = self._sizes_of_current_batch()
+        self._step_sizes = self.current_batch_sizes()
         self._in_training_step = True
         try:
             return super().training_step(*args, **kwargs)
