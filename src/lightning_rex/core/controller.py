@@ -9,8 +9,10 @@ States and transitions, one :meth:`Controller.observe` call per window:
   ``1 + min_effect``), and every one of those windows on its own points the same way for that
   rank (raw one-sided p below ``consistency``), and the latest window does not show it
   ending or starting inside it (:func:`~lightning_rex.core.significance.ending_p_value`: the
-  rank's excess over the pack changes significantly at some split of the window). A
-  transient straggler, one bad window or two half-windows across a boundary, fails the last
+  rank's excess over the pack changes significantly at some split of the window), nor its
+  effect fading from the first window to the last
+  (:func:`~lightning_rex.core.significance.effect_drop_z` above the ``consistency`` quantile).
+  A transient straggler, one bad window or two half-windows across a boundary, fails the last
   two conditions. Then
   the model's hyperparameters are refitted, the planner proposes the minimax plan, and
   the decision is **propose** if the plan differs and its
@@ -40,11 +42,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from scipy import stats
 
 from lightning_rex.core.model import RankTimeModel
 from lightning_rex.core.plan import Plan, even_plan, validate_plan
 from lightning_rex.core.planner import exploration_kappa, resolve_bounds, water_fill
-from lightning_rex.core.significance import ImbalanceResult, ending_p_value, imbalance_test
+from lightning_rex.core.significance import (
+    ImbalanceResult,
+    effect_drop_z,
+    ending_p_value,
+    imbalance_test,
+)
 from lightning_rex.core.window import Window
 
 __all__ = ["Controller", "Decision"]
@@ -298,11 +306,14 @@ class Controller:
         last = wins[-1]
 
         def ending(r: int, slow: bool) -> bool:
-            # A straggler that stops inside the latest window is transient; one that starts
-            # inside it is a new episode, not the continuation of the earlier windows'.
-            stops = ending_p_value(last, r, slower=slow) < self.ending_alpha
-            starts = ending_p_value(last, r, slower=not slow) < self.ending_alpha
-            return stops or starts
+            # A straggler that stops inside the latest window, or whose effect faded from the
+            # first window to the last, is transient; one that starts inside the latest window
+            # is a new episode, not the continuation of the earlier ones.
+            a = self.ending_alpha
+            stops = ending_p_value(last, r, slower=slow) < a
+            starts = ending_p_value(last, r, slower=not slow) < a
+            faded = effect_drop_z(wins, r, slower=slow) > stats.norm.isf(self.consistency)
+            return stops or starts or faded
 
         out = []
         for r in pooled.slow_ranks:

@@ -39,6 +39,7 @@ __all__ = [
     "ImbalanceResult",
     "Persistence",
     "block_medians",
+    "effect_drop_z",
     "ending_p_value",
     "holm",
     "imbalance_test",
@@ -307,6 +308,37 @@ def ending_p_value(times: np.ndarray, rank: int, *, slower: bool = True) -> floa
         sd = np.sqrt(n1 * n2 * (k + 1) / 12.0 * f)
         best = min(best, float(stats.norm.sf((u - n1 * n2 / 2.0 - 0.5) / sd)))
     return min(1.0, best * len(splits))
+
+
+def effect_drop_z(windows: list[np.ndarray], rank: int, *, slower: bool = True) -> float:
+    """How far a rank's deviation dropped from the first to the last of some windows.
+
+    Per window, every rank's median excess over the pack (``log t - median over ranks``) is
+    taken; the rank's drop from the first window to the last is standardised by the spread
+    of the same drop over the other ranks (median absolute deviation), which is its null
+    distribution. A persistent change keeps its size (``z`` near 0); a straggler that hit the
+    first window hard and the last one only by chance shows a large ``z``.
+
+    Args:
+        windows: Two or more windows' times, each ``(N, K)``, oldest first.
+        rank: The rank to examine.
+        slower: Direction of the deviation (False for a rank that is faster).
+
+    Returns:
+        The standardised drop; 0.0 with fewer than 3 ranks or 2 windows.
+    """
+    if len(windows) < 2 or windows[0].shape[0] < 3:
+        return 0.0
+    meds = []
+    for w in (windows[0], windows[-1]):
+        lw = np.log(np.asarray(w, dtype=np.float64))
+        meds.append(np.median(lw - np.median(lw, axis=0, keepdims=True), axis=1))
+    drop = meds[0] - meds[1]
+    if not slower:
+        drop = -drop
+    others = np.delete(drop, rank)
+    spread = 1.4826 * float(np.median(np.abs(others - np.median(others))))
+    return float((drop[rank] - np.median(others)) / max(spread, 1e-12))
 
 
 class Persistence:

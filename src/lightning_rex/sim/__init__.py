@@ -6,6 +6,7 @@ oracle on the same noise. Policies follow the interface documented in
 :mod:`lightning_rex.sim.policies`.
 """
 
+from lightning_rex.sim import cli
 from lightning_rex.sim.engine import SimResult, Trace, metrics, run, simulate
 from lightning_rex.sim.policies import (
     EvenPolicy,
@@ -33,6 +34,7 @@ __all__ = [
     "SimResult",
     "StaticPolicy",
     "Trace",
+    "cli",
     "load_scenario",
     "make_policy",
     "metrics",
