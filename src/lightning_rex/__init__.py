@@ -8,6 +8,7 @@
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_rex.__about__ import __version__
+from lightning_rex.callback import RexCallback
 from lightning_rex.core.plan import Plan, even_plan, round_fractions, validate_plan
 from lightning_rex.emulator import HeterogeneityEmulator
 from lightning_rex.loader import RexDataLoader
@@ -19,6 +20,7 @@ RexStrategy.register_strategies(StrategyRegistry)
 __all__ = [
     "HeterogeneityEmulator",
     "Plan",
+    "RexCallback",
     "RexDataLoader",
     "RexStrategy",
     "UnevenBatchSampler",

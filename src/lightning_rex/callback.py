@@ -277,9 +277,10 @@ class RexCallback(Callback):
             self.controller.set_bounds(self.controller.min_size, caps)
             window = Window(np.asarray(gathered[:, :k], dtype=np.float64), self._window_plan,
                             self._steps[0], self._steps[-1] + 1)
+            samples = k * sum(self._window_plan)  # the true global count, not N x rank 0's
             self._pending_info = {
-                "window": window, "telemetry": telemetry,
-                "global_samples_per_s": k * sum(self._window_plan) / wall if wall > 0 else None,
+                "window": window, "telemetry": telemetry, "window_samples": samples,
+                "window_wall_s": wall, "global_samples_per_s": samples / wall if wall > 0 else None,
             }
             self._pending = (
                 self._pool.submit(self.controller.observe, window)
@@ -373,6 +374,8 @@ class RexCallback(Callback):
             "imbalance": payload["imbalance"],
             "plan_changes": self.plan_changes,
             "global_samples_per_s": info.get("global_samples_per_s"),
+            "window_samples": info.get("window_samples"),
+            "window_wall_s": info.get("window_wall_s"),
             "adaptive": self.adaptive,
             "telemetry": telemetry,
             "throttled_slow_ranks": [r for r in slow if telemetry and throttled(telemetry[r])],
@@ -410,7 +413,8 @@ class RexCallback(Callback):
             "pending": pending,
             "pending_info": None if self._pending_info is None else {
                 "window": _window_to_state(self._pending_info["window"]),
-                "global_samples_per_s": self._pending_info.get("global_samples_per_s"),
+                **{k: self._pending_info.get(k)
+                   for k in ("global_samples_per_s", "window_samples", "window_wall_s")},
             },
             "skip_until": self._skip_until,
             "plan_changes": self.plan_changes,
@@ -447,8 +451,7 @@ class RexCallback(Callback):
         if trainer.global_rank == 0 and s["pending"] is not None:
             self._pending = dict(s["pending"])
             info = s["pending_info"]
-            self._pending_info = {"window": _window_from_state(info["window"]),
-                                  "global_samples_per_s": info["global_samples_per_s"],
+            self._pending_info = {**info, "window": _window_from_state(info["window"]),
                                   "telemetry": None}
 
 

@@ -1,0 +1,246 @@
+"""RexCallback on 2 real gloo ranks (fork start): adapt, ignore spikes, roll back, monitor, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import zlib
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_rex import HeterogeneityEmulator, RexCallback, RexStrategy
+from lightning_rex.bench import BenchModel
+from tests.helpers.dist import run_distributed
+from tests.helpers.models import RegModel, flat_params, make_dataset
+
+pytestmark = pytest.mark.distributed
+
+
+class _Sizes(L.Callback):
+    """Record (global_step, this rank's micro-batch size) for every batch."""
+
+    def __init__(self) -> None:
+        self.sizes: list[tuple[int, int]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, i: int) -> None:
+        self.sizes.append((trainer.global_step, len(batch[0])))
+
+
+class _OneThread(L.Callback):
+    def setup(self, *args: Any, **kwargs: Any) -> None:
+        torch.set_num_threads(1)
+
+
+def _bench_data(n: int) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(n, 16, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
+    return DataLoader(ds, batch_size=32, shuffle=True)
+
+
+def _trainer(strategy: Any, steps: int, callbacks: list[L.Callback], root: str, **kw: Any) -> L.Trainer:
+    args: dict[str, Any] = dict(
+        accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[_OneThread(), *callbacks], default_root_dir=root,
+    )
+    args.update(kw)
+    return L.Trainer(**args)
+
+
+def _records(root: str) -> list[dict[str, Any]]:
+    path = Path(root) / "rex_decisions.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _emulated(rank: int, tmp: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    # 1. a persistent 3x slowdown on rank 1, from the even plan
+    sizes, cb = _Sizes(), RexCallback(window=20)
+    root = f"{tmp}/slow"
+    t = _trainer(RexStrategy(), 140, [HeterogeneityEmulator([1.0, 3.0]), cb, sizes], root)
+    t.fit(BenchModel(width=128, depth=4), _bench_data(64 * 140))
+    out["slow"] = {"history": cb.plan_history, "sizes": sizes.sizes,
+                   "schedule": t.strategy.train_loader.batch_sampler.schedule,
+                   "records": _records(root) if rank == 0 else None}
+    # 2. a spike of one window on rank 1 of otherwise equal ranks
+    cb, root = RexCallback(window=20, min_effect=0.25), f"{tmp}/spike"
+    spike = [{"ranks": [1], "start": 40, "end": 60, "factor": 3.0}]
+    t = _trainer(RexStrategy(), 100, [HeterogeneityEmulator([1.0, 1.0], spike), cb], root)
+    t.fit(BenchModel(width=128, depth=4), _bench_data(64 * 100))
+    out["spike"] = {"history": cb.plan_history, "records": _records(root) if rank == 0 else None}
+    # 3. monitor-only on plain ddp
+    sizes, cb, root = _Sizes(), RexCallback(window=20), f"{tmp}/ddp"
+    t = _trainer("ddp", 80, [HeterogeneityEmulator([1.0, 3.0]), cb, sizes], root)
+    t.fit(BenchModel(width=128, depth=4), _bench_data(64 * 80))
+    out["ddp"] = {"sizes": sizes.sizes, "records": _records(root) if rank == 0 else None,
+                  "changes": cb.plan_changes}
+    return out
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_distributed(_emulated, str(tmp_path_factory.mktemp("emu")))
+
+
+def test_persistent_slowdown_gets_a_better_plan_within_a_few_windows(emulated: list[dict[str, Any]]) -> None:
+    r0, r1 = emulated[0]["slow"], emulated[1]["slow"]
+    assert r0["history"] == r1["history"] and r0["schedule"] == r1["schedule"]
+    assert len(r0["history"]) >= 2, r0["records"]
+    first_step, first_plan = r0["history"][1]
+    assert first_step <= 4 * 20 + 10  # within a few windows of 20 steps
+    assert first_plan[0] > first_plan[1]  # the slow rank gets fewer samples
+    final = r0["history"][-1][1]
+    assert final[0] >= 40
+    # both ranks ran every step under the plan the schedule gives for it
+    schedule = r0["schedule"]
+    plan_at = lambda s: [p for st, p in schedule if st <= s][-1]  # noqa: E731
+    for (s0, b0), (s1, b1) in zip(r0["sizes"], r1["sizes"]):
+        assert s0 == s1 and (b0, b1) == plan_at(s0)
+    kinds = [r["decision"] for r in r0["records"]]
+    assert "propose" in kinds and "accept" in kinds
+
+
+def test_one_window_spike_changes_nothing(emulated: list[dict[str, Any]]) -> None:
+    spike = emulated[0]["spike"]
+    assert len(spike["history"]) == 1, spike["records"]
+    verdicts = {r["window"][0]: r["verdict"] for r in spike["records"]}
+    assert verdicts[40] == "imbalanced"  # seen and logged, not acted on
+    assert all(r["decision"] == "hold" for r in spike["records"])
+
+
+def test_monitor_only_on_ddp_recommends_and_changes_nothing(emulated: list[dict[str, Any]]) -> None:
+    for r in range(2):
+        assert {b for _, b in emulated[r]["ddp"]["sizes"]} == {32}
+        assert emulated[r]["ddp"]["changes"] == 0
+    recs = [r for r in emulated[0]["ddp"]["records"] if r["decision"] == "recommend"]
+    assert recs, emulated[0]["ddp"]["records"]
+    plan = recs[0]["new_plan"]
+    assert plan[0] > plan[1] and sum(plan) == 64
+    assert recs[0]["predicted_speedup"] > 1.2
+    assert all(not r["adaptive"] for r in emulated[0]["ddp"]["records"])
+
+
+# ------------------------------------------------------------------ deterministic timings
+def _noise(rank: int, step: int) -> float:
+    u = (zlib.crc32(f"{rank}:{step}".encode()) % 10_000 + 0.5) / 10_000
+    return math.exp(0.05 * math.sqrt(-2 * math.log(u)) * math.cos(2 * math.pi * u * 7.3))
+
+
+def _affine(rank: int, step: int, b: int) -> float:
+    rate = 2000.0 if rank == 0 else 700.0  # samples/s: rank 1 is ~3x slower
+    return (0.002 + b / rate) * _noise(rank, step)
+
+
+def _memory_wall(rank: int, step: int, b: int) -> float:
+    # rank 0 falls off a cliff above 40 samples (4x slower), a region the model has never seen
+    t = 0.002 + b / (2000.0 if rank == 0 else 700.0)
+    if rank == 0 and b > 40:
+        t *= 4.0
+    return t * _noise(rank, step)
+
+
+def _synthetic(rank: int, tmp: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    ds = make_dataset(64 * 30 + 20)
+    # rollback of a plan that makes things worse
+    cb, root = RexCallback(window=10, step_time_fn=_memory_wall), f"{tmp}/wall"
+    t = _trainer(RexStrategy(), 90, [cb], root)
+    t.fit(RegModel(), DataLoader(ds, batch_size=32, shuffle=True))
+    out["wall"] = {"history": cb.plan_history, "records": _records(root) if rank == 0 else None}
+
+    # uninterrupted vs resumed, with loggers, checkpoints every 7 steps and uneven plans
+    def run(ckpt: str | None, root: str) -> tuple[L.Trainer, RexCallback, RegModel]:
+        cb = RexCallback(window=6, step_time_fn=_affine)
+        ck = ModelCheckpoint(dirpath=f"{tmp}/ckpt", every_n_train_steps=7, save_top_k=-1)
+        tm = ThroughputMonitor(batch_size_fn=lambda b: len(b[0]), window_size=5)
+        model = RegModel(opt="adam")
+        t = _trainer(RexStrategy(micro_batch_sizes=[24, 40]), 60, [cb, ck, tm], root,
+                     enable_checkpointing=True, logger=CSVLogger(root, name="csv"))
+        t.fit(model, DataLoader(ds, batch_size=32, shuffle=True), ckpt_path=ckpt)
+        return t, cb, model
+
+    t, cb, model = run(None, f"{tmp}/full")
+    log_dir = t.log_dir  # a collective: every rank asks
+    out["full"] = {"params": flat_params(model.net), "history": cb.plan_history, "seen": model.seen,
+                   "schedule": t.strategy.train_loader.batch_sampler.schedule,
+                   "records": _records(log_dir) if rank == 0 else None,
+                   "rank_sizes": [len(ix) for _, _, ix in model.seen],
+                   "log_dir": log_dir}
+    t, cb, model = run(f"{tmp}/ckpt/epoch=0-step=21.ckpt", f"{tmp}/resumed")
+    log_dir = t.log_dir
+    out["resumed"] = {"params": flat_params(model.net), "history": cb.plan_history,
+                      "seen": model.seen, "schedule": t.strategy.train_loader.batch_sampler.schedule,
+                      "records": _records(log_dir) if rank == 0 else None}
+    return out
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_distributed(_synthetic, str(tmp_path_factory.mktemp("syn")))
+
+
+def test_a_rescale_that_makes_things_worse_is_rolled_back(synthetic: list[dict[str, Any]]) -> None:
+    recs = synthetic[0]["wall"]["records"]
+    kinds = [r["decision"] for r in recs]
+    assert "rollback" in kinds, [(r["decision"], r["plan"], r["new_plan"], r["reason"]) for r in recs]
+    i = kinds.index("rollback")
+    proposed = next(r for r in reversed(recs[:i]) if r["decision"] == "propose")
+    assert recs[i]["plan"] == proposed["new_plan"]  # measured under the bad plan
+    assert recs[i]["new_plan"] == proposed["plan"]  # back to the plan before it
+    assert synthetic[0]["wall"]["history"] == synthetic[1]["wall"]["history"]
+
+
+def test_resume_mid_epoch_matches_the_uninterrupted_run(synthetic: list[dict[str, Any]]) -> None:
+    for r in range(2):
+        full, resumed = synthetic[r]["full"], synthetic[r]["resumed"]
+        assert len(full["history"]) >= 2  # the run did change plans, before and after step 21
+        assert resumed["history"] == full["history"]
+        assert resumed["schedule"] == full["schedule"]
+        assert resumed["seen"] == [s for s in full["seen"] if s[1] >= 21]
+        assert (resumed["params"] - full["params"]).abs().max().item() < 1e-12
+    full_recs = [r for r in synthetic[0]["full"]["records"] if r["step"] > 21]
+    assert len(full_recs) >= 3
+    strip = lambda rs: [{k: v for k, v in r.items() if "wall" not in k and "per_s" not in k} for r in rs]  # noqa: E731
+    assert strip(synthetic[0]["resumed"]["records"]) == strip(full_recs)
+
+
+def test_decision_log_and_logger_metrics(synthetic: list[dict[str, Any]]) -> None:
+    recs = synthetic[0]["full"]["records"]
+    keys = {"step", "plan", "median_ms", "p_values", "verdict", "decision", "predicted_step_ms",
+            "measured_step_ms", "telemetry"}
+    assert recs and all(keys <= set(r) for r in recs)
+    assert all(r["telemetry"] is None for r in recs)  # CPU: no NVML, no error
+    csv = Path(synthetic[0]["full"]["log_dir"]) / "metrics.csv"
+    header = csv.read_text().splitlines()[0].split(",")
+    for name in ("rex/plan_rank0", "rex/median_ms_rank1", "rex/p_value_rank0", "rex/decision",
+                 "rex/measured_step_ms", "rex/global_samples_per_s"):
+        assert name in header
+
+
+def test_throughput_counts_the_true_global_batch(synthetic: list[dict[str, Any]]) -> None:
+    recs = synthetic[0]["full"]["records"]
+    for r in recs:
+        assert r["window_samples"] == 6 * sum(r["plan"]) == 6 * 64
+        assert r["global_samples_per_s"] == pytest.approx(r["window_samples"] / r["window_wall_s"])
+    # Lightning's ThroughputMonitor logs rank 0's own samples and scales rates by world_size:
+    # under an uneven plan its global figure is off by N * b_0 / B
+    rows = list(csv.DictReader((Path(synthetic[0]["full"]["log_dir"]) / "metrics.csv").open()))
+    tm = [row for row in rows if row.get("train/samples")]
+    batches, lightning_samples = int(float(tm[-1]["train/batches"])), float(tm[-1]["train/samples"])
+    assert lightning_samples == sum(synthetic[0]["full"]["rank_sizes"][:batches])  # rank 0 only
+    # ... which differs from the true global count whenever b_0 != B / N
+    sizes = synthetic[0]["full"]["rank_sizes"][:batches]
+    assert any(b != 32 for b in sizes) and 2 * lightning_samples != batches * 64
+    rates = [row for row in rows if row.get("train/samples_per_sec")]
+    assert rates and all(
+        float(r["train/samples_per_sec"]) == pytest.approx(2 * float(r["train/device/samples_per_sec"]))
+        for r in rates
+    )
