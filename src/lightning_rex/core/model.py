@@ -18,8 +18,9 @@ by its first observed median, so one set of hyperparameters serves every rank.
 Hyperparameters. The residual scale ``s^2`` is fitted with BoTorch: a batched
 :class:`botorch.models.SingleTaskGP` (float64, affine :class:`gpytorch.means.LinearMean`,
 ``ScaleKernel(SplineKernel)``, the measured window-median variances as fixed noise) on a
-seeded subset of at most ``fit_ranks`` ranks, optimised by :func:`botorch.fit.fit_gpytorch_mll`;
-the median over the subset is shared. The controller refits only when it needs a proposal.
+seeded subset of at most ``fit_ranks`` ranks and the last ``fit_windows`` windows,
+optimised by :func:`botorch.fit.fit_gpytorch_mll`; the median over the subset is shared.
+The controller refits only when it needs a proposal.
 
 Cold start. With one observation per rank the prior decides the split between overhead and
 rate: ``a ~ N(0, 0.3^2)`` (relative), so the first proposal is close to the proportional plan;
@@ -57,6 +58,7 @@ class RankTimeModel:
         memory: Age (in windows) at which an observation's weight has dropped by ``e``.
         max_history: The most windows kept; older ones are dropped.
         fit_ranks: Size of the rank subset for the BoTorch hyperparameter fit.
+        fit_windows: The fit uses at most this many of the most recent windows.
         seed: Seed of the subset choice (with the fit count, so refits are reproducible).
     """
 
@@ -72,7 +74,8 @@ class RankTimeModel:
         slope_prior_sd: float = 0.5,
         memory: float = 12.0,
         max_history: int = 48,
-        fit_ranks: int = 16,
+        fit_ranks: int = 8,
+        fit_windows: int = 24,
         seed: int = 0,
     ) -> None:
         if world_size < 1:
@@ -89,6 +92,7 @@ class RankTimeModel:
         self.memory = float(memory)
         self.max_history = int(max_history)
         self.fit_ranks = int(fit_ranks)
+        self.fit_windows = int(fit_windows)
         self.seed = int(seed)
         self.n_fits = 0
         self.scale: np.ndarray | None = None
@@ -256,7 +260,7 @@ class RankTimeModel:
         from gpytorch.means import LinearMean
         from gpytorch.mlls import ExactMarginalLogLikelihood
 
-        b, y, v = self._data()
+        b, y, v = (a[:, -self.fit_windows :] for a in self._data())
         rng = np.random.default_rng([self.seed, self.n_fits])
         self.n_fits += 1
         n_sub = min(self.world_size, self.fit_ranks)
