@@ -125,10 +125,21 @@ class RexStrategy(DDPStrategy):
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         """Register ``rex``, ``rex_spawn`` and ``rex_fork``; calling it again is a no-op.
 
+        The class path is registered too (Lightning lowercases strategy names), so that a bare
+        ``--trainer.strategy=lightning_rex.RexStrategy``, which jsonargparse passes on as a
+        string, resolves once ``lightning_rex`` is imported (for example by a
+        ``--trainer.callbacks+=lightning_rex.RexCallback`` on the same command line).
+
         Args:
             strategy_registry: Lightning's ``StrategyRegistry``.
         """
-        for name, start_method in (("rex", "popen"), ("rex_spawn", "spawn"), ("rex_fork", "fork")):
+        names = (
+            ("rex", "popen"),
+            ("rex_spawn", "spawn"),
+            ("rex_fork", "fork"),
+            ("lightning_rex.rexstrategy", "popen"),
+        )
+        for name, start_method in names:
             if name in strategy_registry:
                 continue
             strategy_registry.register(

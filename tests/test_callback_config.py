@@ -1,0 +1,159 @@
+"""RexCallback configuration: clear errors, LightningCLI flags and YAML, --help, telemetry off-GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.cli import LightningCLI
+
+from lightning_rex import RexCallback, RexStrategy
+from lightning_rex.decision_log import window_metrics
+from lightning_rex.telemetry import GpuTelemetry, MemoryBound, throttled
+from tests.test_strategy_config import _CliModel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"alpha": 0.0}, r"alpha must be in \(0, 1\), got 0.0"),
+        ({"alpha": 1.0}, r"alpha must be in \(0, 1\), got 1.0"),
+        ({"window": 4}, "window must be an integer >= 5 steps, got 4"),
+        ({"persistence": 0}, "persistence must be an integer >= 1 window, got 0"),
+        ({"min_effect": -0.1}, "min_effect must be >= 0"),
+        ({"max_micro_batch_size": 0}, "max_micro_batch_size must be >= 1 or None"),
+        ({"max_growth": 1.0}, "max_growth must be > 1"),
+        ({"window": 10, "decision_lag": 10}, r"decision_lag must be in \[1, window=10\)"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        RexCallback(**kwargs)
+
+
+def test_defaults() -> None:
+    cb = RexCallback()
+    assert (cb.alpha, cb.window, cb.persistence, cb.min_effect) == (0.01, 30, 2, 0.05)
+
+
+def test_rex_attaches_a_default_callback_and_adaptive_false_does_not() -> None:
+    from tests.helpers.models import make_dataset
+
+    def fit(strategy: RexStrategy, callbacks: list[L.Callback]) -> L.Trainer:
+        t = L.Trainer(accelerator="cpu", devices=1, strategy=strategy, max_steps=2, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=callbacks)
+        t.fit(_CliModel(), torch.utils.data.DataLoader(make_dataset(64), batch_size=16))
+        return t
+
+    t = fit(RexStrategy(), [])
+    assert sum(isinstance(c, RexCallback) for c in t.callbacks) == 1
+    mine = RexCallback(window=12)
+    t = fit(RexStrategy(), [mine])
+    assert [c for c in t.callbacks if isinstance(c, RexCallback)] == [mine]
+    t = fit(RexStrategy(adaptive=False), [])
+    assert not any(isinstance(c, RexCallback) for c in t.callbacks)
+    t = fit(RexStrategy(adaptive=False), [RexCallback()])
+    assert not next(c for c in t.callbacks if isinstance(c, RexCallback)).adaptive
+
+
+def test_cli_flags_and_append() -> None:
+    cli = LightningCLI(_CliModel, run=False, save_config_callback=None, args=[
+        "--trainer.strategy=lightning_rex.RexStrategy", "--trainer.accelerator=cpu", "--trainer.devices=2",
+        "--trainer.callbacks+=lightning_rex.RexCallback", "--trainer.callbacks.alpha=0.02",
+        "--trainer.callbacks.window=40",
+    ])
+    cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
+    assert (cb.alpha, cb.window) == (0.02, 40)
+    assert isinstance(cli.trainer.strategy, RexStrategy)
+
+
+def test_cli_yaml(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "trainer:\n  accelerator: cpu\n  devices: 2\n  strategy:\n    class_path: lightning_rex.RexStrategy\n"
+        "    init_args:\n      adaptive: true\n  callbacks:\n    - class_path: lightning_rex.RexCallback\n"
+        "      init_args:\n        alpha: 0.05\n        persistence: 3\n        max_micro_batch_size: 50\n"
+    )
+    cli = LightningCLI(_CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
+    cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
+    assert (cb.alpha, cb.persistence, cb.max_micro_batch_size) == (0.05, 3, 50)
+
+
+def test_cli_bad_value_is_a_clear_error() -> None:
+    with pytest.raises((ValueError, SystemExit)):
+        LightningCLI(_CliModel, run=False, save_config_callback=None, args=[
+            "--trainer.callbacks+=lightning_rex.RexCallback", "--trainer.callbacks.window=3",
+        ])
+
+
+def test_callback_help_documents_every_argument() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train.py"), "fit",
+         "--trainer.callbacks.help", "lightning_rex.RexCallback"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    for arg in ("alpha", "window", "persistence", "min_effect", "max_micro_batch_size", "max_growth",
+                "decision_lag", "background", "seed", "log_dir", "step_time_fn"):
+        assert f"--trainer.callbacks.{arg}" in out
+    assert "Family-wise significance level" in out  # the docstring text reaches --help
+
+
+def test_telemetry_and_memory_bound_on_cpu_are_inert() -> None:
+    cpu = torch.device("cpu")
+    tel = GpuTelemetry(cpu)
+    assert not tel.available and tel.sample() is None and tel.identity() is None
+    mem = MemoryBound(cpu, max_micro_batch_size=None)
+    mem.step_start()
+    mem.step_end(24)
+    assert mem.cap(24) is None
+    assert MemoryBound(cpu, max_micro_batch_size=40).cap(24) == 40
+
+
+def test_memory_bound_on_cuda_uses_headroom_cache_and_growth(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = torch.device("cuda", 0)
+    stats = {"alloc": 1000, "peak": 1000 + 24 * 100, "reserved": 5000, "free": 20_000}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: stats["alloc"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: stats["peak"])
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: stats["reserved"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (stats["free"], 10**9))
+    mem = MemoryBound(dev, max_micro_batch_size=None, max_growth=2.0, safety=1.0)
+    mem.step_start()
+    mem.step_end(24)
+    assert mem.per_sample_bytes == 100
+    # headroom = free + (reserved - allocated) = 20000 + 4000 -> 240 samples; growth caps at 48
+    assert mem.cap(24) == 48
+    mem.largest_run = 200
+    assert mem.cap(24) == 240
+    assert MemoryBound(dev, max_micro_batch_size=30).cap(24) == 30
+
+
+def test_throttle_reasons() -> None:
+    assert throttled({"throttle_reasons": ["hw_thermal_slowdown"]})
+    assert not throttled({"throttle_reasons": ["gpu_idle"]})
+    assert not throttled(None)
+
+
+def test_window_metrics_flatten_a_record() -> None:
+    rec = {"plan": [40, 24], "median_ms": [10.0, 11.0], "p_values": [0.5, 0.001], "verdict": "imbalanced",
+           "decision": "propose", "predicted_step_ms": 9.0, "measured_step_ms": 11.0, "imbalance": 0.1}
+    m = window_metrics(rec)
+    assert m["rex/plan_rank1"] == 24 and m["rex/p_value_rank1"] == 0.001 and m["rex/decision"] == 1
+    assert m["rex/imbalanced"] == 1.0 and "rex/global_samples_per_s" not in m
+
+
+def test_issue_command_line_bare_class_path_with_callback() -> None:
+    cli = LightningCLI(_CliModel, run=False, save_config_callback=None, args=[
+        "--trainer.strategy=lightning_rex.RexStrategy", "--trainer.accelerator=cpu", "--trainer.devices=2",
+        "--trainer.callbacks+=lightning_rex.RexCallback", "--trainer.callbacks.alpha=0.01",
+    ])
+    assert isinstance(cli.trainer.strategy, RexStrategy)
+    assert next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback)).alpha == 0.01
