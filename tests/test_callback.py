@@ -1,4 +1,4 @@
-"""RexCallback on 2 real gloo ranks (fork start): adapt, ignore spikes, roll back, monitor, resume."""
+"""RexCallback on 2 gloo ranks (fork start): adapt, ignore spikes, roll back, monitor, resume."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
 from lightning.pytorch.loggers import CSVLogger
+from tests.helpers.dist import run_distributed
+from tests.helpers.models import RegModel, flat_params, make_dataset
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_rex import HeterogeneityEmulator, RexCallback, RexStrategy
 from lightning_rex.bench import BenchModel
-from tests.helpers.dist import run_distributed
-from tests.helpers.models import RegModel, flat_params, make_dataset
 
 pytestmark = pytest.mark.distributed
 
@@ -45,11 +45,20 @@ def _bench_data(n: int) -> DataLoader:
     return DataLoader(ds, batch_size=32, shuffle=True)
 
 
-def _trainer(strategy: Any, steps: int, callbacks: list[L.Callback], root: str, **kw: Any) -> L.Trainer:
+def _trainer(
+    strategy: Any, steps: int, callbacks: list[L.Callback], root: str, **kw: Any
+) -> L.Trainer:
     args: dict[str, Any] = dict(
-        accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[_OneThread(), *callbacks], default_root_dir=root,
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[_OneThread(), *callbacks],
+        default_root_dir=root,
     )
     args.update(kw)
     return L.Trainer(**args)
@@ -67,9 +76,12 @@ def _emulated(rank: int, tmp: str) -> dict[str, Any]:
     root = f"{tmp}/slow"
     t = _trainer(RexStrategy(), 140, [HeterogeneityEmulator([1.0, 3.0]), cb, sizes], root)
     t.fit(BenchModel(width=128, depth=4), _bench_data(64 * 140))
-    out["slow"] = {"history": cb.plan_history, "sizes": sizes.sizes,
-                   "schedule": t.strategy.train_loader.batch_sampler.schedule,
-                   "records": _records(root) if rank == 0 else None}
+    out["slow"] = {
+        "history": cb.plan_history,
+        "sizes": sizes.sizes,
+        "schedule": t.strategy.train_loader.batch_sampler.schedule,
+        "records": _records(root) if rank == 0 else None,
+    }
     # 2. a spike of one window on rank 1 of otherwise equal ranks
     cb, root = RexCallback(window=20, min_effect=0.25), f"{tmp}/spike"
     spike = [{"ranks": [1], "start": 40, "end": 60, "factor": 3.0}]
@@ -80,8 +92,11 @@ def _emulated(rank: int, tmp: str) -> dict[str, Any]:
     sizes, cb, root = _Sizes(), RexCallback(window=20), f"{tmp}/ddp"
     t = _trainer("ddp", 80, [HeterogeneityEmulator([1.0, 3.0]), cb, sizes], root)
     t.fit(BenchModel(width=128, depth=4), _bench_data(64 * 80))
-    out["ddp"] = {"sizes": sizes.sizes, "records": _records(root) if rank == 0 else None,
-                  "changes": cb.plan_changes}
+    out["ddp"] = {
+        "sizes": sizes.sizes,
+        "records": _records(root) if rank == 0 else None,
+        "changes": cb.plan_changes,
+    }
     return out
 
 
@@ -90,7 +105,9 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return run_distributed(_emulated, str(tmp_path_factory.mktemp("emu")))
 
 
-def test_persistent_slowdown_gets_a_better_plan_within_a_few_windows(emulated: list[dict[str, Any]]) -> None:
+def test_persistent_slowdown_gets_a_better_plan_within_a_few_windows(
+    emulated: list[dict[str, Any]],
+) -> None:
     r0, r1 = emulated[0]["slow"], emulated[1]["slow"]
     assert r0["history"] == r1["history"] and r0["schedule"] == r1["schedule"]
     assert len(r0["history"]) >= 2, r0["records"]
@@ -162,23 +179,37 @@ def _synthetic(rank: int, tmp: str) -> dict[str, Any]:
         ck = ModelCheckpoint(dirpath=f"{tmp}/ckpt", every_n_train_steps=7, save_top_k=-1)
         tm = ThroughputMonitor(batch_size_fn=lambda b: len(b[0]), window_size=5)
         model = RegModel(opt="adam")
-        t = _trainer(RexStrategy(micro_batch_sizes=[24, 40]), 60, [cb, ck, tm], root,
-                     enable_checkpointing=True, logger=CSVLogger(root, name="csv"))
+        t = _trainer(
+            RexStrategy(micro_batch_sizes=[24, 40]),
+            60,
+            [cb, ck, tm],
+            root,
+            enable_checkpointing=True,
+            logger=CSVLogger(root, name="csv"),
+        )
         t.fit(model, DataLoader(ds, batch_size=32, shuffle=True), ckpt_path=ckpt)
         return t, cb, model
 
     t, cb, model = run(None, f"{tmp}/full")
     log_dir = t.log_dir  # a collective: every rank asks
-    out["full"] = {"params": flat_params(model.net), "history": cb.plan_history, "seen": model.seen,
-                   "schedule": t.strategy.train_loader.batch_sampler.schedule,
-                   "records": _records(log_dir) if rank == 0 else None,
-                   "rank_sizes": [len(ix) for _, _, ix in model.seen],
-                   "log_dir": log_dir}
+    out["full"] = {
+        "params": flat_params(model.net),
+        "history": cb.plan_history,
+        "seen": model.seen,
+        "schedule": t.strategy.train_loader.batch_sampler.schedule,
+        "records": _records(log_dir) if rank == 0 else None,
+        "rank_sizes": [len(ix) for _, _, ix in model.seen],
+        "log_dir": log_dir,
+    }
     t, cb, model = run(f"{tmp}/ckpt/epoch=0-step=21.ckpt", f"{tmp}/resumed")
     log_dir = t.log_dir
-    out["resumed"] = {"params": flat_params(model.net), "history": cb.plan_history,
-                      "seen": model.seen, "schedule": t.strategy.train_loader.batch_sampler.schedule,
-                      "records": _records(log_dir) if rank == 0 else None}
+    out["resumed"] = {
+        "params": flat_params(model.net),
+        "history": cb.plan_history,
+        "seen": model.seen,
+        "schedule": t.strategy.train_loader.batch_sampler.schedule,
+        "records": _records(log_dir) if rank == 0 else None,
+    }
     return out
 
 
@@ -190,7 +221,9 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def test_a_rescale_that_makes_things_worse_is_rolled_back(synthetic: list[dict[str, Any]]) -> None:
     recs = synthetic[0]["wall"]["records"]
     kinds = [r["decision"] for r in recs]
-    assert "rollback" in kinds, [(r["decision"], r["plan"], r["new_plan"], r["reason"]) for r in recs]
+    assert "rollback" in kinds, [
+        (r["decision"], r["plan"], r["new_plan"], r["reason"]) for r in recs
+    ]
     i = kinds.index("rollback")
     proposed = next(r for r in reversed(recs[:i]) if r["decision"] == "propose")
     assert recs[i]["plan"] == proposed["new_plan"]  # measured under the bad plan
@@ -208,20 +241,38 @@ def test_resume_mid_epoch_matches_the_uninterrupted_run(synthetic: list[dict[str
         assert (resumed["params"] - full["params"]).abs().max().item() < 1e-12
     full_recs = [r for r in synthetic[0]["full"]["records"] if r["step"] > 21]
     assert len(full_recs) >= 3
-    strip = lambda rs: [{k: v for k, v in r.items() if "wall" not in k and "per_s" not in k} for r in rs]  # noqa: E731
+
+    def strip(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if "wall" not in k and "per_s" not in k} for r in rs]
+
     assert strip(synthetic[0]["resumed"]["records"]) == strip(full_recs)
 
 
 def test_decision_log_and_logger_metrics(synthetic: list[dict[str, Any]]) -> None:
     recs = synthetic[0]["full"]["records"]
-    keys = {"step", "plan", "median_ms", "p_values", "verdict", "decision", "predicted_step_ms",
-            "measured_step_ms", "telemetry"}
+    keys = {
+        "step",
+        "plan",
+        "median_ms",
+        "p_values",
+        "verdict",
+        "decision",
+        "predicted_step_ms",
+        "measured_step_ms",
+        "telemetry",
+    }
     assert recs and all(keys <= set(r) for r in recs)
     assert all(r["telemetry"] is None for r in recs)  # CPU: no NVML, no error
     csv = Path(synthetic[0]["full"]["log_dir"]) / "metrics.csv"
     header = csv.read_text().splitlines()[0].split(",")
-    for name in ("rex/plan_rank0", "rex/median_ms_rank1", "rex/p_value_rank0", "rex/decision",
-                 "rex/measured_step_ms", "rex/global_samples_per_s"):
+    for name in (
+        "rex/plan_rank0",
+        "rex/median_ms_rank1",
+        "rex/p_value_rank0",
+        "rex/decision",
+        "rex/measured_step_ms",
+        "rex/global_samples_per_s",
+    ):
         assert name in header
 
 
@@ -241,6 +292,7 @@ def test_throughput_counts_the_true_global_batch(synthetic: list[dict[str, Any]]
     assert any(b != 32 for b in sizes) and 2 * lightning_samples != batches * 64
     rates = [row for row in rows if row.get("train/samples_per_sec")]
     assert rates and all(
-        float(r["train/samples_per_sec"]) == pytest.approx(2 * float(r["train/device/samples_per_sec"]))
+        float(r["train/samples_per_sec"])
+        == pytest.approx(2 * float(r["train/device/samples_per_sec"]))
         for r in rates
     )

@@ -1,4 +1,4 @@
-"""RexCallback configuration: clear errors, LightningCLI flags and YAML, --help, telemetry off-GPU."""
+"""RexCallback configuration: errors, LightningCLI flags and YAML, --help, telemetry off-GPU."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.cli import LightningCLI
+from tests.test_strategy_config import _CliModel
 
 from lightning_rex import RexCallback, RexStrategy
 from lightning_rex.decision_log import window_metrics
 from lightning_rex.telemetry import GpuTelemetry, MemoryBound, throttled
-from tests.test_strategy_config import _CliModel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,9 +47,17 @@ def test_rex_attaches_a_default_callback_and_adaptive_false_does_not() -> None:
     from tests.helpers.models import make_dataset
 
     def fit(strategy: RexStrategy, callbacks: list[L.Callback]) -> L.Trainer:
-        t = L.Trainer(accelerator="cpu", devices=1, strategy=strategy, max_steps=2, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, callbacks=callbacks)
+        t = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            strategy=strategy,
+            max_steps=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=callbacks,
+        )
         t.fit(_CliModel(), torch.utils.data.DataLoader(make_dataset(64), batch_size=16))
         return t
 
@@ -65,11 +73,19 @@ def test_rex_attaches_a_default_callback_and_adaptive_false_does_not() -> None:
 
 
 def test_cli_flags_and_append() -> None:
-    cli = LightningCLI(_CliModel, run=False, save_config_callback=None, args=[
-        "--trainer.strategy=lightning_rex.RexStrategy", "--trainer.accelerator=cpu", "--trainer.devices=2",
-        "--trainer.callbacks+=lightning_rex.RexCallback", "--trainer.callbacks.alpha=0.02",
-        "--trainer.callbacks.window=40",
-    ])
+    cli = LightningCLI(
+        _CliModel,
+        run=False,
+        save_config_callback=None,
+        args=[
+            "--trainer.strategy=lightning_rex.RexStrategy",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+            "--trainer.callbacks+=lightning_rex.RexCallback",
+            "--trainer.callbacks.alpha=0.02",
+            "--trainer.callbacks.window=40",
+        ],
+    )
     cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
     assert (cb.alpha, cb.window) == (0.02, 40)
     assert isinstance(cli.trainer.strategy, RexStrategy)
@@ -78,9 +94,10 @@ def test_cli_flags_and_append() -> None:
 def test_cli_yaml(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
-        "trainer:\n  accelerator: cpu\n  devices: 2\n  strategy:\n    class_path: lightning_rex.RexStrategy\n"
-        "    init_args:\n      adaptive: true\n  callbacks:\n    - class_path: lightning_rex.RexCallback\n"
-        "      init_args:\n        alpha: 0.05\n        persistence: 3\n        max_micro_batch_size: 50\n"
+        "trainer:\n  accelerator: cpu\n  devices: 2\n  strategy:\n"
+        "    class_path: lightning_rex.RexStrategy\n    init_args:\n      adaptive: true\n"
+        "  callbacks:\n    - class_path: lightning_rex.RexCallback\n      init_args:\n"
+        "        alpha: 0.05\n        persistence: 3\n        max_micro_batch_size: 50\n"
     )
     cli = LightningCLI(_CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
     cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
@@ -89,19 +106,44 @@ def test_cli_yaml(tmp_path: Path) -> None:
 
 def test_cli_bad_value_is_a_clear_error() -> None:
     with pytest.raises((ValueError, SystemExit)):
-        LightningCLI(_CliModel, run=False, save_config_callback=None, args=[
-            "--trainer.callbacks+=lightning_rex.RexCallback", "--trainer.callbacks.window=3",
-        ])
+        LightningCLI(
+            _CliModel,
+            run=False,
+            save_config_callback=None,
+            args=[
+                "--trainer.callbacks+=lightning_rex.RexCallback",
+                "--trainer.callbacks.window=3",
+            ],
+        )
 
 
 def test_callback_help_documents_every_argument() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "train.py"), "fit",
-         "--trainer.callbacks.help", "lightning_rex.RexCallback"],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train.py"),
+            "fit",
+            "--trainer.callbacks.help",
+            "lightning_rex.RexCallback",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
-    for arg in ("alpha", "window", "persistence", "min_effect", "max_micro_batch_size", "max_growth",
-                "decision_lag", "background", "seed", "log_dir", "step_time_fn"):
+    for arg in (
+        "alpha",
+        "window",
+        "persistence",
+        "min_effect",
+        "max_micro_batch_size",
+        "max_growth",
+        "decision_lag",
+        "background",
+        "seed",
+        "log_dir",
+        "step_time_fn",
+    ):
         assert f"--trainer.callbacks.{arg}" in out
     assert "Family-wise significance level" in out  # the docstring text reaches --help
 
@@ -117,7 +159,9 @@ def test_telemetry_and_memory_bound_on_cpu_are_inert() -> None:
     assert MemoryBound(cpu, max_micro_batch_size=40).cap(24) == 40
 
 
-def test_memory_bound_on_cuda_uses_headroom_cache_and_growth(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memory_bound_on_cuda_uses_headroom_cache_and_growth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     dev = torch.device("cuda", 0)
     stats = {"alloc": 1000, "peak": 1000 + 24 * 100, "reserved": 5000, "free": 20_000}
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: None)
@@ -143,17 +187,33 @@ def test_throttle_reasons() -> None:
 
 
 def test_window_metrics_flatten_a_record() -> None:
-    rec = {"plan": [40, 24], "median_ms": [10.0, 11.0], "p_values": [0.5, 0.001], "verdict": "imbalanced",
-           "decision": "propose", "predicted_step_ms": 9.0, "measured_step_ms": 11.0, "imbalance": 0.1}
+    rec = {
+        "plan": [40, 24],
+        "median_ms": [10.0, 11.0],
+        "p_values": [0.5, 0.001],
+        "verdict": "imbalanced",
+        "decision": "propose",
+        "predicted_step_ms": 9.0,
+        "measured_step_ms": 11.0,
+        "imbalance": 0.1,
+    }
     m = window_metrics(rec)
     assert m["rex/plan_rank1"] == 24 and m["rex/p_value_rank1"] == 0.001 and m["rex/decision"] == 1
     assert m["rex/imbalanced"] == 1.0 and "rex/global_samples_per_s" not in m
 
 
 def test_issue_command_line_bare_class_path_with_callback() -> None:
-    cli = LightningCLI(_CliModel, run=False, save_config_callback=None, args=[
-        "--trainer.strategy=lightning_rex.RexStrategy", "--trainer.accelerator=cpu", "--trainer.devices=2",
-        "--trainer.callbacks+=lightning_rex.RexCallback", "--trainer.callbacks.alpha=0.01",
-    ])
+    cli = LightningCLI(
+        _CliModel,
+        run=False,
+        save_config_callback=None,
+        args=[
+            "--trainer.strategy=lightning_rex.RexStrategy",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+            "--trainer.callbacks+=lightning_rex.RexCallback",
+            "--trainer.callbacks.alpha=0.01",
+        ],
+    )
     assert isinstance(cli.trainer.strategy, RexStrategy)
     assert next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback)).alpha == 0.01

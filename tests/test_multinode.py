@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tests.helpers.dist import free_port
 
 pytestmark = pytest.mark.distributed
@@ -21,10 +20,28 @@ def test_torchrun_two_nodes_train_with_an_uneven_plan(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-             str(ROOT / "tests" / "helpers" / "multinode_script.py"), str(tmp_path)],
-            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                str(ROOT / "tests" / "helpers" / "multinode_script.py"),
+                str(tmp_path),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for node in (0, 1)
     ]

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_rex.callback import RexCallback
 from lightning_rex.core.plan import round_fractions
 from lightning_rex.emulator import HeterogeneityEmulator
 from lightning_rex.strategy import RexStrategy
@@ -99,10 +100,8 @@ class _StepTimer(L.Callback):
 
     def __init__(self, out: str, warmup: int, threads: int) -> None:
         self.out, self.warmup, self.threads = out, warmup, threads
-        self.step_s: list[float] = []
-        self.samples = 0
+        self.steps: list[tuple[int, float, float, int]] = []  # (step, start, end, samples)
         self._t = 0.0
-        self._t0: float | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         torch.set_num_threads(self.threads)
@@ -111,8 +110,6 @@ class _StepTimer(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._t = time.perf_counter()
-        if trainer.global_step == self.warmup and self._t0 is None:
-            self._t0 = self._t
 
     def on_train_batch_end(
         self,
@@ -122,28 +119,47 @@ class _StepTimer(L.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        now = time.perf_counter()
-        if self._t0 is not None:
-            self.step_s.append(now - self._t)
-            strategy = trainer.strategy
-            plan = getattr(strategy, "plan", None)
-            self.samples += sum(plan) if plan else PER_RANK_BATCH * trainer.world_size
-            self._t_end = now
+        step = trainer.global_step - 1  # the optimizer step just taken
+        strategy = trainer.strategy
+        sizes = strategy.current_batch_sizes() if isinstance(strategy, RexStrategy) else None
+        samples = sum(sizes) if sizes else PER_RANK_BATCH * trainer.world_size
+        self.steps.append((step, self._t, time.perf_counter(), samples))
+
+    def _rate(self, first_step: int) -> float:
+        kept = [s for s in self.steps if s[0] >= first_step]
+        if len(kept) < 2:
+            return float("nan")
+        # from the start of the first kept step to the end of the last: inter-step time counts
+        return sum(s[3] for s in kept) / (kept[-1][2] - kept[0][1])
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_rank != 0:
             return
-        plan = getattr(trainer.strategy, "plan", None)
-        elapsed = self._t_end - self._t0 if self._t0 is not None else float("nan")
-        Path(self.out).write_text(
-            json.dumps(
-                {
-                    "samples_per_s": self.samples / elapsed,
-                    "step_ms_median": 1000 * statistics.median(self.step_s),
-                    "plan": list(plan) if plan else [PER_RANK_BATCH] * trainer.world_size,
-                }
+        strategy = trainer.strategy
+        plan = getattr(strategy, "plan", None)
+        timed = [s for s in self.steps if s[0] >= self.warmup]
+        result: dict[str, Any] = {
+            "samples_per_s": self._rate(self.warmup),
+            "step_ms_median": 1000 * statistics.median(s[2] - s[1] for s in timed),
+            "plan": list(plan) if plan else [PER_RANK_BATCH] * trainer.world_size,
+        }
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        rex = next((c for c in callbacks if isinstance(c, RexCallback)), None)
+        if isinstance(strategy, RexStrategy) and strategy.adaptive and rex is not None:
+            result["adaptive"] = True
+            result["plan_history"] = [[s, list(p)] for s, p in rex.plan_history]
+            accepted = [r for r in rex.records if r["decision"] == "accept"]
+            first = accepted[0]["window"][0] if accepted else None
+            result["first_accept_step"] = first
+            result["samples_per_s_after_first_accept"] = (
+                None if first is None else self._rate(first)
             )
-        )
+            result["decisions"] = [
+                [r["step"], r["decision"], r["new_plan"]]
+                for r in rex.records
+                if r["decision"] != "hold"
+            ]
+        Path(self.out).write_text(json.dumps(result))
 
 
 def _run_once(
@@ -160,10 +176,19 @@ def _run_once(
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         strategy: Any
+        callbacks: list[L.Callback] = [
+            HeterogeneityEmulator(args.slowdowns, args.events),
+            _StepTimer(out, args.warmup, args.threads),
+        ]
         if strategy_name == "ddp":
             strategy = "ddp_fork"
+        elif strategy_name == "rex" and args.adaptive:
+            strategy = RexStrategy(
+                micro_batch_sizes=args.micro_batch_sizes, start_method="fork", adaptive=True
+            )
+            callbacks.append(RexCallback(window=args.window, log_dir=tmp))
         else:
-            strategy = RexStrategy(micro_batch_sizes=plan, start_method="fork")
+            strategy = RexStrategy(micro_batch_sizes=plan, start_method="fork", adaptive=False)
         trainer = L.Trainer(
             accelerator="cpu",
             devices=devices,
@@ -173,10 +198,8 @@ def _run_once(
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,
-            callbacks=[
-                HeterogeneityEmulator(args.slowdowns, args.events),
-                _StepTimer(out, args.warmup, args.threads),
-            ],
+            callbacks=callbacks,
+            default_root_dir=tmp,
         )
         torch.manual_seed(0)
         trainer.fit(BenchModel(), DataLoader(ds, batch_size=PER_RANK_BATCH, shuffle=True))
@@ -205,7 +228,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         args: The parsed command line (see :func:`add_parser`).
 
     Returns:
-        ``{"runs": [...], "ratio_rex_over_ddp": float}`` (the ratio only when both ran).
+        ``{"runs": [...], "ratio_rex_over_ddp": float}`` (the ratio only when both ran), plus
+        ``ratios`` (per repeat), and with ``rex-static`` or ``--adaptive`` the matching
+        ``ratio_rex_static_over_ddp`` and ``ratio_rex_after_first_accept_over_ddp``.
     """
     plan = args.micro_batch_sizes or default_plan(args.slowdowns, args.devices)
     runs: list[dict[str, Any]] = []
@@ -214,17 +239,30 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             res = _run_once(name, args, plan)
             runs.append({"strategy": name, "repeat": rep, **res})
             _log(
-                f"{name:4s} repeat {rep}: {res['samples_per_s']:.1f} samples/s, "
+                f"{name:10s} repeat {rep}: {res['samples_per_s']:.1f} samples/s, "
                 f"median step {res['step_ms_median']:.1f} ms, plan {res['plan']}"
             )
     result: dict[str, Any] = {"runs": runs}
-    if {"ddp", "rex"} <= set(args.compare):
-        ratios = []
+    if "ddp" not in args.compare:
+        return result
+
+    def ratio(name: str, key: str = "samples_per_s") -> list[float]:
+        out = []
         for rep in range(args.repeat):
-            by = {r["strategy"]: r["samples_per_s"] for r in runs if r["repeat"] == rep}
-            ratios.append(by["rex"] / by["ddp"])
-        result["ratio_rex_over_ddp"] = statistics.median(ratios)
-        result["ratios"] = ratios
+            by = {r["strategy"]: r for r in runs if r["repeat"] == rep}
+            value = by[name].get(key)
+            if value is not None:
+                out.append(value / by["ddp"]["samples_per_s"])
+        return out
+
+    if "rex" in args.compare:
+        result["ratios"] = ratio("rex")
+        result["ratio_rex_over_ddp"] = statistics.median(result["ratios"])
+        if args.adaptive and (after := ratio("rex", "samples_per_s_after_first_accept")):
+            result["ratio_rex_after_first_accept_over_ddp"] = statistics.median(after)
+    if "rex-static" in args.compare:
+        result["ratios_rex_static"] = ratio("rex-static")
+        result["ratio_rex_static_over_ddp"] = statistics.median(result["ratios_rex_static"])
     return result
 
 
@@ -274,8 +312,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--compare",
         type=lambda s: [x.strip() for x in s.split(",")],
         default=["ddp", "rex"],
-        help="strategies to run, from ddp,rex (default ddp,rex)",
+        help="strategies to run, from ddp,rex,rex-static (default ddp,rex); rex-static is rex "
+        "with the fixed static plan, useful beside an --adaptive rex",
     )
+    p.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="rex adapts its plan with a RexCallback, from --micro-batch-sizes or the even plan",
+    )
+    p.add_argument("--window", type=int, default=30, help="RexCallback window (default 30)")
     p.add_argument("--devices", type=int, default=2, help="CPU ranks (default 2)")
     p.add_argument(
         "--slowdowns",
@@ -313,9 +358,9 @@ def main(args: argparse.Namespace) -> int:
     Returns:
         The exit code.
     """
-    unknown = [s for s in args.compare if s not in ("ddp", "rex")]
+    unknown = [s for s in args.compare if s not in ("ddp", "rex", "rex-static")]
     if unknown:
-        raise SystemExit(f"--compare takes strategies from ddp,rex; unknown: {unknown}")
+        raise SystemExit(f"--compare takes strategies from ddp,rex,rex-static; unknown: {unknown}")
     if args.slowdowns is None:
         args.slowdowns = [1.0] * args.devices
     if len(args.slowdowns) != args.devices:
@@ -349,4 +394,13 @@ def main(args: argparse.Namespace) -> int:
             f"rex/ddp throughput ratio: {result['ratio_rex_over_ddp']:.3f} (median of {len(rs)}; "
             f"min {min(rs):.3f}, max {max(rs):.3f})"
         )
+    for key, label in (
+        ("ratio_rex_static_over_ddp", "rex-static/ddp throughput ratio"),
+        ("ratio_rex_after_first_accept_over_ddp", "rex/ddp after the first accepted plan"),
+    ):
+        if key in result:
+            print(f"{label}: {result[key]:.3f}")
+    for r in result["runs"]:
+        if r.get("adaptive"):
+            print(f"rex repeat {r['repeat']} plan history: {r['plan_history']}")
     return 0

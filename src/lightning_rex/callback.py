@@ -100,7 +100,9 @@ class RexCallback(Callback):
         if not min_effect >= 0.0:
             raise ValueError(f"min_effect must be >= 0, got {min_effect}")
         if max_micro_batch_size is not None and max_micro_batch_size < 1:
-            raise ValueError(f"max_micro_batch_size must be >= 1 or None, got {max_micro_batch_size}")
+            raise ValueError(
+                f"max_micro_batch_size must be >= 1 or None, got {max_micro_batch_size}"
+            )
         if not max_growth > 1.0:
             raise ValueError(f"max_growth must be > 1, got {max_growth}")
         lag = window // 2 if decision_lag is None else decision_lag
@@ -108,7 +110,11 @@ class RexCallback(Callback):
             raise ValueError(f"decision_lag must be in [1, window={window}), got {decision_lag}")
         self.alpha, self.window, self.persistence = float(alpha), int(window), int(persistence)
         self.min_effect, self.max_micro_batch_size = float(min_effect), max_micro_batch_size
-        self.max_growth, self.decision_lag, self.background = float(max_growth), int(lag), background
+        self.max_growth, self.decision_lag, self.background = (
+            float(max_growth),
+            int(lag),
+            background,
+        )
         self.seed, self.log_dir, self.step_time_fn = int(seed), log_dir, step_time_fn
         self._reset_run_state()
         self._loaded: dict[str, Any] | None = None
@@ -174,9 +180,15 @@ class RexCallback(Callback):
         if trainer.global_rank == 0:
             caps = None if self.max_micro_batch_size is None else [self.max_micro_batch_size] * n
             self.controller = Controller(
-                sum(plan), n, alpha=self.alpha, min_effect=self.min_effect,
-                persistence=self.persistence, min_size=min_size, max_sizes=caps,
-                seed=self.seed, initial_plan=plan,
+                sum(plan),
+                n,
+                alpha=self.alpha,
+                min_effect=self.min_effect,
+                persistence=self.persistence,
+                min_size=min_size,
+                max_sizes=caps,
+                seed=self.seed,
+                initial_plan=plan,
             )
             self._log = DecisionLog(directory, trainer.loggers)
             if self.background:
@@ -217,7 +229,9 @@ class RexCallback(Callback):
         plan = self._plan_at(trainer, trainer.global_step)
         if sizes is not None and sizes != plan:
             self._step_ok = False  # the epoch's final partial batch: not comparable
-        self._micro_sizes.append(plan[trainer.global_rank] if sizes is None else sizes[trainer.global_rank])
+        self._micro_sizes.append(
+            plan[trainer.global_rank] if sizes is None else sizes[trainer.global_rank]
+        )
         self._timer.start()
 
     def _plan_at(self, trainer: pl.Trainer, step: int) -> Plan:
@@ -227,7 +241,11 @@ class RexCallback(Callback):
         return self._static_plan
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
         batch_idx: int,
     ) -> None:
         """Close the micro-batch; on an optimizer step, record it and run the schedule."""
@@ -262,7 +280,9 @@ class RexCallback(Callback):
 
     # ------------------------------------------------------------------ window boundary
     def _close_window(self, trainer: pl.Trainer, last_step: int) -> None:
-        assert self._timer is not None and self._memory is not None and self._window_plan is not None
+        assert (
+            self._timer is not None and self._memory is not None and self._window_plan is not None
+        )
         times = self._timer.resolve(self._samples)
         rank = trainer.global_rank
         cap = self._memory.cap(self._window_plan[rank])
@@ -273,18 +293,30 @@ class RexCallback(Callback):
         k = len(times)
         if rank == 0 and self.controller is not None:
             caps_arr = gathered[:, k]
-            caps = None if bool((caps_arr < 0).all()) else [None if c < 0 else int(c) for c in caps_arr]
+            caps = (
+                None
+                if bool((caps_arr < 0).all())
+                else [None if c < 0 else int(c) for c in caps_arr]
+            )
             self.controller.set_bounds(self.controller.min_size, caps)
-            window = Window(np.asarray(gathered[:, :k], dtype=np.float64), self._window_plan,
-                            self._steps[0], self._steps[-1] + 1)
+            window = Window(
+                np.asarray(gathered[:, :k], dtype=np.float64),
+                self._window_plan,
+                self._steps[0],
+                self._steps[-1] + 1,
+            )
             samples = k * sum(self._window_plan)  # the true global count, not N x rank 0's
             self._pending_info = {
-                "window": window, "telemetry": telemetry, "window_samples": samples,
-                "window_wall_s": wall, "global_samples_per_s": samples / wall if wall > 0 else None,
+                "window": window,
+                "telemetry": telemetry,
+                "window_samples": samples,
+                "window_wall_s": wall,
+                "global_samples_per_s": samples / wall if wall > 0 else None,
             }
             self._pending = (
                 self._pool.submit(self.controller.observe, window)
-                if self._pool is not None else self.controller.observe(window)
+                if self._pool is not None
+                else self.controller.observe(window)
             )
         self._samples, self._steps = [], []
         self._exchange_at = last_step + self.decision_lag
@@ -344,10 +376,20 @@ class RexCallback(Callback):
             # monitor-only: report what would be applied, and tell the core it was not
             assert self.controller is not None
             self.controller.decline()
-            return {"kind": "recommend", "plan": None, "recommended": plan,
-                    "decision": decision, "imbalance": imbalance}
-        return {"kind": kind, "plan": plan, "recommended": None, "decision": decision,
-                "imbalance": imbalance}
+            return {
+                "kind": "recommend",
+                "plan": None,
+                "recommended": plan,
+                "decision": decision,
+                "imbalance": imbalance,
+            }
+        return {
+            "kind": kind,
+            "plan": plan,
+            "recommended": None,
+            "decision": decision,
+            "imbalance": imbalance,
+        }
 
     def _record(self, trainer: pl.Trainer, payload: dict[str, Any], effective: int | None) -> None:
         info = self._pending_info or {}
@@ -411,10 +453,14 @@ class RexCallback(Callback):
             "window_plan": None if self._window_plan is None else list(self._window_plan),
             "exchange_at": self._exchange_at,
             "pending": pending,
-            "pending_info": None if self._pending_info is None else {
+            "pending_info": None
+            if self._pending_info is None
+            else {
                 "window": _window_to_state(self._pending_info["window"]),
-                **{k: self._pending_info.get(k)
-                   for k in ("global_samples_per_s", "window_samples", "window_wall_s")},
+                **{
+                    k: self._pending_info.get(k)
+                    for k in ("global_samples_per_s", "window_samples", "window_wall_s")
+                },
             },
             "skip_until": self._skip_until,
             "plan_changes": self.plan_changes,
@@ -451,8 +497,11 @@ class RexCallback(Callback):
         if trainer.global_rank == 0 and s["pending"] is not None:
             self._pending = dict(s["pending"])
             info = s["pending_info"]
-            self._pending_info = {**info, "window": _window_from_state(info["window"]),
-                                  "telemetry": None}
+            self._pending_info = {
+                **info,
+                "window": _window_from_state(info["window"]),
+                "telemetry": None,
+            }
 
 
 def _gather(trainer: pl.Trainer, local: torch.Tensor) -> np.ndarray:
@@ -460,15 +509,23 @@ def _gather(trainer: pl.Trainer, local: torch.Tensor) -> np.ndarray:
     strategy = trainer.strategy
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return local.reshape(1, -1).numpy()
-    device = strategy.root_device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+    device = (
+        strategy.root_device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+    )
     out = strategy.all_gather(local.to(device))
     return out.reshape(trainer.world_size, -1).cpu().numpy()
 
 
 def _window_to_state(w: Window) -> dict[str, Any]:
-    return {"times": w.times.tolist(), "plan": list(w.plan), "start": w.step_start, "end": w.step_end}
+    return {
+        "times": w.times.tolist(),
+        "plan": list(w.plan),
+        "start": w.step_start,
+        "end": w.step_end,
+    }
 
 
 def _window_from_state(d: dict[str, Any]) -> Window:
-    return Window(np.asarray(d["times"], dtype=np.float64), tuple(d["plan"]), int(d["start"]), int(d["end"]))
-
+    return Window(
+        np.asarray(d["times"], dtype=np.float64), tuple(d["plan"]), int(d["start"]), int(d["end"])
+    )

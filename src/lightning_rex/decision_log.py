@@ -42,8 +42,14 @@ def window_metrics(record: dict[str, Any]) -> dict[str, float]:
         out[f"rex/p_value_rank{r}"] = float(p)
     out["rex/imbalanced"] = float(record["verdict"] == "imbalanced")
     out["rex/decision"] = float(DECISION_CODES[record["decision"]])
-    for key in ("predicted_step_ms", "measured_step_ms", "imbalance", "global_samples_per_s",
-                "plan_changes", "predicted_speedup"):
+    for key in (
+        "predicted_step_ms",
+        "measured_step_ms",
+        "imbalance",
+        "global_samples_per_s",
+        "plan_changes",
+        "predicted_speedup",
+    ):
         if record.get(key) is not None:
             out[f"rex/{key}"] = float(record[key])
     return out

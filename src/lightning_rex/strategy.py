@@ -180,8 +180,9 @@ class RexStrategy(DDPStrategy):
         if self.adaptive and trainer is not None:
             from lightning_rex.callback import RexCallback
 
-            if not any(isinstance(c, RexCallback) for c in trainer.callbacks):
-                trainer.callbacks.append(RexCallback())
+            callbacks = trainer.callbacks  # type: ignore[attr-defined]
+            if not any(isinstance(c, RexCallback) for c in callbacks):
+                callbacks.append(RexCallback())
         super().setup_environment()
 
     def setup(self, trainer: pl.Trainer) -> None:

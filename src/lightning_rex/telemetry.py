@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -33,8 +34,13 @@ THROTTLE_REASONS: dict[int, str] = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-_SLOWING = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-            "hw_power_brake_slowdown"}
+_SLOWING = {
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+}
 
 
 def throttled(sample: dict[str, Any] | None) -> bool:
@@ -70,11 +76,11 @@ class GpuTelemetry:
             uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
             try:
                 self._handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            except Exception:  # noqa: BLE001 - fall back to the CUDA index
+            except Exception:
                 self._handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
             self._nvml = pynvml
             self.available = True
-        except Exception:  # noqa: BLE001 - NVML missing or unusable: telemetry is optional
+        except Exception:
             self.available = False
 
     def identity(self) -> dict[str, str] | None:
@@ -109,17 +115,18 @@ class GpuTelemetry:
             "power_w": lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
         }
         for key, read in readers.items():
-            try:
+            with contextlib.suppress(Exception):  # a reading this device does not support
                 out[key] = read()
-            except Exception:  # noqa: BLE001 - not supported on this device
-                pass
         reasons = None
-        for fn in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        for fn in (
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        ):
             if hasattr(nv, fn):
                 try:
                     reasons = int(getattr(nv, fn)(h))
                     break
-                except Exception:  # noqa: BLE001
+                except Exception:
                     continue
         if reasons is not None:
             out["throttle_reasons"] = [n for bit, n in THROTTLE_REASONS.items() if reasons & bit]
@@ -174,7 +181,9 @@ class MemoryBound:
         if self.cuda and micro_batch > 0:
             peak = torch.cuda.max_memory_allocated(self.device)
             per = max(peak - self._baseline, 1) / micro_batch
-            self.per_sample_bytes = per if self.per_sample_bytes is None else max(self.per_sample_bytes, per)
+            self.per_sample_bytes = (
+                per if self.per_sample_bytes is None else max(self.per_sample_bytes, per)
+            )
 
     def cap(self, current: int) -> int | None:
         """The largest micro-batch this rank may get next.
@@ -193,7 +202,9 @@ class MemoryBound:
                 caps.append(max(current, math.ceil(self.largest_run * self.max_growth)))
             if self.per_sample_bytes:
                 free, _ = torch.cuda.mem_get_info(self.device)
-                cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+                cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(
+                    self.device
+                )
                 headroom = self.safety * (free + max(cached, 0))
                 # measured between steps: the step's activations are back in the cache
                 caps.append(max(1, int(headroom // self.per_sample_bytes)))

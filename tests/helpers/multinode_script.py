@@ -5,10 +5,10 @@ import sys
 
 import lightning as L
 import torch
+from tests.helpers.models import RegModel, make_dataset
 from torch.utils.data import DataLoader
 
 from lightning_rex import RexStrategy
-from tests.helpers.models import RegModel, make_dataset
 
 
 class Sizes(L.Callback):
@@ -23,14 +23,25 @@ def main(out: str) -> None:
     torch.set_num_threads(1)
     sizes = Sizes()
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, num_nodes=2, max_steps=4, logger=False,
+        accelerator="cpu",
+        devices=1,
+        num_nodes=2,
+        max_steps=4,
+        logger=False,
         strategy=RexStrategy(micro_batch_sizes=[40, 24], adaptive=False),
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[sizes],
     )
     trainer.fit(RegModel(), DataLoader(make_dataset(256), batch_size=32, shuffle=True))
-    rec = {"rank": trainer.global_rank, "node_rank": trainer.node_rank, "world_size": trainer.world_size,
-           "env": type(trainer.strategy.cluster_environment).__name__, "sizes": sizes.sizes}
+    rec = {
+        "rank": trainer.global_rank,
+        "node_rank": trainer.node_rank,
+        "world_size": trainer.world_size,
+        "env": type(trainer.strategy.cluster_environment).__name__,
+        "sizes": sizes.sizes,
+    }
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as fh:
         json.dump(rec, fh)
 
