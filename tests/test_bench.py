@@ -1,0 +1,72 @@
+"""The bench CLI: one JSON object on stdout with the documented schema; clear argument errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lightning_rex.__main__ import main
+
+pytestmark = pytest.mark.distributed
+
+
+def test_json_schema_with_static_and_adaptive_rex() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lightning_rex",
+            "bench",
+            "--compare",
+            "ddp,rex,rex-static",
+            "--adaptive",
+            "--window",
+            "5",
+            "--devices",
+            "2",
+            "--slowdowns",
+            "1,2",
+            "--steps",
+            "16",
+            "--warmup",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    )
+    result = json.loads(proc.stdout)  # stdout holds exactly one JSON object
+    assert proc.stdout.strip().count("\n") == 0
+    runs = {r["strategy"]: r for r in result["runs"]}
+    assert set(runs) == {"ddp", "rex", "rex-static"}
+    for r in runs.values():
+        assert r["repeat"] == 0 and r["samples_per_s"] > 0 and r["step_ms_median"] > 0
+        assert sum(r["plan"]) == 64 and len(r["plan"]) == 2
+    assert runs["ddp"]["plan"] == [32, 32]
+    assert runs["rex-static"]["plan"] == [43, 21]  # proportional to 1 / slowdown
+    assert runs["rex"]["adaptive"] is True and "adaptive" not in runs["rex-static"]
+    history = runs["rex"]["plan_history"]
+    assert history[0] == [0, [32, 32]] and all(sum(p) == 64 for _, p in history)
+    assert result["ratio_rex_over_ddp"] == pytest.approx(
+        runs["rex"]["samples_per_s"] / runs["ddp"]["samples_per_s"]
+    )
+    assert "ratio_rex_static_over_ddp" in result
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--slowdowns", "1,2,3"], "--slowdowns needs 2 values"),
+        (["--micro-batch-sizes", "40,20"], "--micro-batch-sizes needs 2 values summing to 64"),
+        (["--compare", "ddp,horovod"], "unknown: \\['horovod'\\]"),
+        (["--steps", "10", "--warmup", "10"], "--warmup must be in"),
+    ],
+)
+def test_bad_arguments(argv: list[str], match: str) -> None:
+    with pytest.raises(SystemExit, match=match):
+        main(["bench", *argv])
