@@ -200,6 +200,7 @@ def _synthetic(rank: int, tmp: str) -> dict[str, Any]:
         "records": _records(log_dir) if rank == 0 else None,
         "rank_sizes": [len(ix) for _, _, ix in model.seen],
         "log_dir": log_dir,
+        "ckpt_dir": f"{tmp}/ckpt",
     }
     t, cb, model = run(f"{tmp}/ckpt/epoch=0-step=21.ckpt", f"{tmp}/resumed")
     log_dir = t.log_dir
@@ -296,3 +297,39 @@ def test_throughput_counts_the_true_global_batch(synthetic: list[dict[str, Any]]
         == pytest.approx(2 * float(r["train/device/samples_per_sec"]))
         for r in rates
     )
+
+
+def test_resume_on_one_rank_from_a_two_rank_checkpoint(
+    synthetic: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """B becomes batch_size x 1, as under ddp; epoch 0 still sees every sample exactly once."""
+    ckpt = Path(synthetic[0]["full"]["ckpt_dir"]) / "epoch=0-step=21.ckpt"
+    ds = make_dataset(64 * 30 + 20)
+    model = RegModel(opt="adam")
+    cb = RexCallback(window=6, step_time_fn=_affine)
+    t = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=RexStrategy(),
+        max_steps=45,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+        default_root_dir=str(tmp_path),
+    )
+    with pytest.warns(UserWarning, match="made with 2 ranks, this run has 1"):
+        t.fit(model, DataLoader(ds, batch_size=32, shuffle=True), ckpt_path=str(ckpt))
+    before = [
+        i
+        for r in range(2)
+        for e, s, ix in synthetic[r]["full"]["seen"]
+        if e == 0 and s < 21
+        for i in ix
+    ]
+    after = [i for e, _, ix in model.seen if e == 0 for i in ix]
+    assert {len(ix) for e, _, ix in model.seen if e == 0} <= {32, 20}
+    assert len(before) == 21 * 64
+    assert sorted(before + after) == list(range(len(ds)))  # each sample once, none lost
+    assert t.strategy.plan == (32,)

@@ -192,11 +192,40 @@ def test_state_dict_resume_continues_exactly(consumed: int) -> None:
     assert len(got) + len(rest_a) == len(a)
 
 
-def test_load_state_dict_rejects_another_world() -> None:
-    a = UnevenBatchSampler(100, 20, (10, 10), 0)
-    b = UnevenBatchSampler(100, 30, (10, 10, 10), 0)
-    with pytest.raises(ValueError, match=r"world_size|global_batch"):
-        b.load_state_dict(a.state_dict(consumed=1))
+@pytest.mark.parametrize("consumed", [0, 1, 4, 7])
+@pytest.mark.parametrize("new_world", [1, 3])
+def test_resume_on_another_world_size_uses_each_sample_once(consumed: int, new_world: int) -> None:
+    n, bs = 7 * 20 + 9, 10
+    old = [UnevenBatchSampler(n, 2 * bs, (13, 7), r, seed=5) for r in range(2)]
+    for s in old:
+        s.set_epoch(3)
+    its = [iter(s) for s in old]
+    seen = [i for _ in range(consumed) for it in its for i in next(it)]
+    state = old[0].state_dict(consumed=consumed)
+    new = [
+        UnevenBatchSampler(n, new_world * bs, even_plan(new_world * bs, new_world), r, seed=5)
+        for r in range(new_world)
+    ]
+    for s in new:
+        s.load_state_dict(state)
+    rest = [list(s) for s in new]
+    assert {len(r) for r in rest} == {len(new[0]) - consumed}
+    for k in range(len(rest[0])):
+        seen += [i for r in range(new_world) for i in rest[r][k]]
+        assert sum(new[0].sizes_for_batch(consumed + k)) <= new_world * bs
+    assert len(seen) == len(set(seen))  # nothing repeated
+    perm = list(iter(old[0].sampler))
+    tail = n - len(seen)
+    assert sorted(seen) == sorted(perm[: n - tail]) and tail < new_world  # nothing lost
+
+    # the next epoch is an ordinary one with the new global batch
+    for s in new:
+        s.set_epoch(4)
+    assert (
+        len(list(iter(new[0])))
+        == len(new[0])
+        == -(-n // (new_world * bs)) - (1 if 0 < n % (new_world * bs) < new_world else 0)
+    )
 
 
 def test_permutation_is_ddps_randperm() -> None:

@@ -24,6 +24,7 @@ speedup, and changes nothing.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_rex.core.controller import Controller, Decision
 from lightning_rex.core.plan import Plan
+from lightning_rex.core.planner import water_fill
 from lightning_rex.core.window import Window
 from lightning_rex.decision_log import DecisionLog
 from lightning_rex.strategy import RexStrategy
@@ -144,6 +146,7 @@ class RexCallback(Callback):
         self._micro_sizes: list[int] = []
         self._summary = (0.0, 0)
         self._static_plan: Plan = ()
+        self._device_keys: list[str] = []
         self._trainer_ref: pl.Trainer | None = None
 
     # ------------------------------------------------------------------ set-up
@@ -173,6 +176,21 @@ class RexCallback(Callback):
             plan, min_size = (int(bs),) * n, 1
         self._static_plan = plan
         assert self._timer is not None
+        self._device_keys = self._gather_device_keys(trainer)
+        if (
+            self._loaded is not None
+            and int(self._loaded.get("world_size", n)) != n
+            and isinstance(strategy, RexStrategy)
+            and self.adaptive
+        ):
+            # resumed on another world size: B is batch_size x the new N (the sampler did
+            # that); the plan comes from the rates measured per device type, if all are known
+            from_rates = plan_from_device_rates(
+                self._loaded.get("device_rates", {}), self._device_keys, sum(plan), min_size
+            )
+            if from_rates is not None and from_rates != plan:
+                self._skip_until = strategy.set_plan(from_rates)
+                plan = from_rates
         self._timer.attach(pl_module.parameters())
         self._last_global_step = trainer.global_step
         # trainer.log_dir broadcasts from rank 0: every rank must ask for it
@@ -321,6 +339,22 @@ class RexCallback(Callback):
         self._samples, self._steps = [], []
         self._exchange_at = last_step + self.decision_lag
 
+    def _gather_device_keys(self, trainer: pl.Trainer) -> list[str]:
+        """Every rank's device identity (GPU name, or ``"cpu"``), to key measured rates."""
+        device = trainer.strategy.root_device
+        ident = self._telemetry.identity() if self._telemetry is not None else None
+        if ident is not None:
+            key = ident["name"]
+        elif device.type == "cuda":
+            key = torch.cuda.get_device_name(device)
+        else:
+            key = device.type
+        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+            return [key]
+        keys: list[Any] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(keys, key)
+        return [str(k) for k in keys]
+
     def _gather_telemetry(self, trainer: pl.Trainer) -> list[Any] | None:
         if self._telemetry is None or trainer.strategy.root_device.type != "cuda":
             return None  # every rank takes the same branch: same device type everywhere
@@ -447,6 +481,7 @@ class RexCallback(Callback):
             pending = self._resolve_pending()
         return {
             "world_size": trainer.world_size,
+            "device_rates": self._device_rates(),
             "controller": None if self.controller is None else self.controller.state_dict(),
             "partial": gathered.tolist(),
             "steps": list(self._steps),
@@ -468,6 +503,20 @@ class RexCallback(Callback):
             "summary": list(self._summary),
         }
 
+    def _device_rates(self) -> dict[str, list[float]]:
+        """Rank 0: the fitted rate and overhead per device identity (means over its ranks)."""
+        if self.controller is None or not self._device_keys:
+            return {}
+        summary = self.controller.rank_model_summary()
+        out: dict[str, list[list[float]]] = {}
+        for key, rate, over in zip(self._device_keys, summary["rate"], summary["overhead_s"]):
+            if math.isfinite(rate) and rate > 0 and math.isfinite(over):
+                out.setdefault(key, []).append([rate, max(over, 0.0)])
+        return {
+            k: [float(np.mean([v[0] for v in vs])), float(np.mean([v[1] for v in vs]))]
+            for k, vs in out.items()
+        }
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the state until the controller exists (``on_train_start``).
 
@@ -480,8 +529,11 @@ class RexCallback(Callback):
         if int(s["world_size"]) != trainer.world_size:
             rank_zero_warn(
                 f"RexCallback: the checkpoint was made with {s['world_size']} ranks, this run has "
-                f"{trainer.world_size}; the controller starts afresh"
+                f"{trainer.world_size}; the controller starts afresh from the plan "
+                f"{self._plan_at(trainer, trainer.global_step)} (rates known per device: "
+                f"{sorted(s.get('device_rates', {}))})"
             )
+            self.plan_history = [(trainer.global_step, self._plan_at(trainer, trainer.global_step))]
             return
         if self.controller is not None and s["controller"] is not None:
             self.controller.load_state_dict(s["controller"])
@@ -529,3 +581,28 @@ def _window_from_state(d: dict[str, Any]) -> Window:
     return Window(
         np.asarray(d["times"], dtype=np.float64), tuple(d["plan"]), int(d["start"]), int(d["end"])
     )
+
+
+def plan_from_device_rates(
+    rates: dict[str, list[float]], device_keys: list[str], global_batch: int, min_size: int
+) -> Plan | None:
+    """The minimax plan from rates measured per device identity, if every rank's is known.
+
+    Args:
+        rates: Device identity to ``[rate (samples/s), overhead (s)]``, from a checkpoint.
+        device_keys: This run's device identity per rank.
+        global_batch: This run's global batch B.
+        min_size: The smallest micro-batch.
+
+    Returns:
+        The plan equalising ``overhead + b / rate`` across ranks, or None when a rank's
+        device was not measured before (the caller keeps the even plan).
+    """
+    if not device_keys or any(k not in rates for k in device_keys):
+        return None
+    n = len(device_keys)
+    sizes = np.arange(1, global_batch + 1, dtype=np.float64)
+    curves = np.stack([rates[k][1] + sizes / rates[k][0] for k in device_keys])
+    lo = np.full(n, min_size, dtype=np.int64)
+    hi = np.full(n, global_batch - (n - 1) * min_size, dtype=np.int64)
+    return water_fill(curves, global_batch, lo, hi)

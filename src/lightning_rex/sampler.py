@@ -101,6 +101,11 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self._next_epoch_start_step = 0
         self._fetched = 0
         self._resume_at: int | None = None
+        # Where this epoch's batch grid starts: batch ``origin_batch`` begins at sample
+        # ``origin_sample`` of the permutation. (0, 0) except in an epoch resumed from a
+        # checkpoint made with another global batch (another world size).
+        self._origin_batch = 0
+        self._origin_sample = 0
 
     # ------------------------------------------------------------------ epochs and length
     @property
@@ -122,8 +127,9 @@ class UnevenBatchSampler(Sampler[list[int]]):
         return math.ceil(len(self) / self.accumulate_grad_batches)
 
     def __len__(self) -> int:
-        full, rem = divmod(self.num_samples, self.global_batch)
-        return full + (1 if (rem >= self.world_size and not self.drop_last) else 0)
+        full, rem = divmod(self.num_samples - self._origin_sample, self.global_batch)
+        tail = 1 if (rem >= self.world_size and not self.drop_last) else 0
+        return self._origin_batch + full + tail
 
     # ------------------------------------------------------------------ plan schedule
     @property
@@ -196,10 +202,14 @@ class UnevenBatchSampler(Sampler[list[int]]):
             The plan for a full global batch, or the proportional split of the final one.
         """
         plan = self.plan_at(self._epoch_start_step + index // self.accumulate_grad_batches)
-        full = self.num_samples // self.global_batch
-        if index < full:
+        remaining = self.num_samples - self._origin_sample
+        full = remaining // self.global_batch
+        if index - self._origin_batch < full:
             return plan
-        return split_in_proportion(self.num_samples - full * self.global_batch, plan)
+        return split_in_proportion(remaining - full * self.global_batch, plan)
+
+    def _first_sample(self, index: int) -> int:
+        return self._origin_sample + (index - self._origin_batch) * self.global_batch
 
     def __iter__(self) -> Iterator[list[int]]:
         perm = list(iter(self.sampler))
@@ -208,6 +218,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
             # the epoch start step was restored by load_state_dict
         else:
             start = 0
+            self._origin_batch = self._origin_sample = 0
             self._epoch_start_step = (
                 self.step_source() if self.step_source is not None else self._next_epoch_start_step
             )
@@ -218,7 +229,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         )
         for i in range(start, n):
             sizes = self.sizes_for_batch(i)
-            lo = i * self.global_batch + sum(sizes[: self.rank])
+            lo = self._first_sample(i) + sum(sizes[: self.rank])
             self._fetched = i + 1
             yield perm[lo : lo + sizes[self.rank]]
 
@@ -232,9 +243,12 @@ class UnevenBatchSampler(Sampler[list[int]]):
         Returns:
             A JSON-able dictionary.
         """
+        done = min(self.num_samples, self._first_sample(consumed)) if consumed < len(self) else None
         return {
             "epoch": self.epoch,
             "consumed": int(consumed),
+            "consumed_samples": self.num_samples if done is None else done,
+            "origin": [self._origin_batch, self._origin_sample],
             "epoch_start_step": self._epoch_start_step,
             "schedule": [[s, list(p)] for s, p in self.schedule],
             "global_batch": self.global_batch,
@@ -248,26 +262,45 @@ class UnevenBatchSampler(Sampler[list[int]]):
         Args:
             state: A dictionary from :meth:`state_dict`.
 
+        A checkpoint made with another world size (so another global batch ``B``, as under
+        DDP) resumes too: the rest of the epoch is cut into global batches of the new ``B``
+        from the first sample not yet consumed, so no sample is lost or repeated; the old
+        plan schedule does not apply to the new ranks and is dropped (the initial plan of
+        this run stays in force).
+
+        Args:
+            state: A dictionary from :meth:`state_dict`.
+
         Raises:
-            ValueError: If the checkpoint was made with another dataset length, global batch
-                or world size.
+            ValueError: If the checkpoint was made with another dataset length.
         """
-        for key, mine in (
-            ("num_samples", self.num_samples),
-            ("global_batch", self.global_batch),
-            ("world_size", self.world_size),
-        ):
-            if int(state[key]) != mine:
-                raise ValueError(
-                    f"cannot resume the REX sampler: the checkpoint has {key}={state[key]}, this "
-                    f"run has {mine}"
-                )
+        if int(state["num_samples"]) != self.num_samples:
+            raise ValueError(
+                "cannot resume the REX sampler: the checkpoint has num_samples="
+                f"{state['num_samples']}, this run's dataset has {self.num_samples}"
+            )
+        same = (
+            int(state["global_batch"]) == self.global_batch
+            and int(state["world_size"]) == self.world_size
+        )
         self.set_epoch(int(state["epoch"]))
-        self._schedule_steps = [int(s) for s, _ in state["schedule"]]
-        self._schedule_plans = [tuple(int(b) for b in p) for _, p in state["schedule"]]
+        if same:
+            self._schedule_steps = [int(s) for s, _ in state["schedule"]]
+            self._schedule_plans = [tuple(int(b) for b in p) for _, p in state["schedule"]]
         self._epoch_start_step = int(state["epoch_start_step"])
         consumed = int(state["consumed"])
+        done = int(state.get("consumed_samples", consumed * int(state["global_batch"])))
+        if same:
+            self._origin_batch, self._origin_sample = (int(x) for x in state.get("origin", (0, 0)))
+        else:
+            self._origin_batch, self._origin_sample = consumed, min(done, self.num_samples)
         self._fetched = consumed
-        self._resume_at = consumed if consumed < len(self) else None
-        if self._resume_at is None:
-            self._next_epoch_start_step = self._epoch_start_step + self.steps_per_epoch
+        old_full, old_rem = divmod(self.num_samples, int(state["global_batch"]))
+        old_tail = 1 if old_rem >= int(state["world_size"]) and not self.drop_last else 0
+        finished = consumed >= (old_full + old_tail if not same else len(self))
+        self._resume_at = None if finished else consumed
+        if finished:
+            self._origin_batch = self._origin_sample = 0
+            self._next_epoch_start_step = self._epoch_start_step + math.ceil(
+                consumed / self.accumulate_grad_batches
+            )
