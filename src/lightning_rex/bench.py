@@ -183,9 +183,8 @@ def _run_once(
         if strategy_name == "ddp":
             strategy = "ddp_fork"
         elif strategy_name == "rex" and args.adaptive:
-            strategy = RexStrategy(
-                micro_batch_sizes=args.micro_batch_sizes, start_method="fork", adaptive=True
-            )
+            # adaptive rex starts where a user starts: the even plan
+            strategy = RexStrategy(start_method="fork", adaptive=True)
             callbacks.append(RexCallback(window=args.window, log_dir=tmp))
         else:
             strategy = RexStrategy(micro_batch_sizes=plan, start_method="fork", adaptive=False)
@@ -318,7 +317,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--adaptive",
         action="store_true",
-        help="rex adapts its plan with a RexCallback, from --micro-batch-sizes or the even plan",
+        help="rex starts from the even plan and adapts it with a RexCallback; "
+        "--micro-batch-sizes then applies to rex-static only",
     )
     p.add_argument("--window", type=int, default=30, help="RexCallback window (default 30)")
     p.add_argument("--devices", type=int, default=2, help="CPU ranks (default 2)")
