@@ -46,3 +46,14 @@ def test_batched_inputs_and_validation():
         except ValueError:
             continue
         raise AssertionError(bad)
+
+
+def test_feature_cache_never_serves_stale_values():
+    k = SplineKernel(8)
+    a = torch.linspace(0, 1, 7, dtype=torch.float64).unsqueeze(-1)
+    fa = k.features(a)
+    assert k.features(a) is fa
+    a.mul_(0.5)  # in-place change bumps the version
+    torch.testing.assert_close(k.features(a), SplineKernel(8).features(a))
+    b = torch.linspace(0.2, 0.9, 7, dtype=torch.float64).unsqueeze(-1)
+    torch.testing.assert_close(k.features(b), SplineKernel(8).features(b))

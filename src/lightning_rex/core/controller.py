@@ -303,29 +303,33 @@ class Controller:
         )
         each = [imbalance_test(w, alpha=self.alpha, min_effect=self.min_effect) for w in wins]
         thr = 1.0 + self.min_effect
-        last = wins[-1]
-
-        def ending(r: int, slow: bool) -> bool:
+        out: list[int] = []
+        for slow in (True, False):
+            cand = pooled.slow_ranks if slow else pooled.fast_ranks
+            if slow:
+                ok = [
+                    r
+                    for r in cand
+                    if all(e.raw_p_values[r] < self.consistency and e.effect[r] > thr for e in each)
+                ]
+            else:
+                ok = [
+                    r
+                    for r in cand
+                    if all(
+                        e.raw_p_values_fast[r] < self.consistency and e.effect[r] < 1 / thr
+                        for e in each
+                    )
+                ]
+            if not ok:
+                continue
             # A straggler that stops inside the latest window, or whose effect faded from the
             # first window to the last, is transient; one that starts inside the latest window
             # is a new episode, not the continuation of the earlier ones.
-            a = self.ending_alpha
-            stops = ending_p_value(last, r, slower=slow) < a
-            starts = ending_p_value(last, r, slower=not slow) < a
-            faded = effect_drop_z(wins, r, slower=slow) > stats.norm.isf(self.consistency)
-            return stops or starts or faded
-
-        out = []
-        for r in pooled.slow_ranks:
-            ok = all(e.raw_p_values[r] < self.consistency and e.effect[r] > thr for e in each)
-            if ok and not ending(r, True):
-                out.append(r)
-        for r in pooled.fast_ranks:
-            ok = all(
-                e.raw_p_values_fast[r] < self.consistency and e.effect[r] < 1 / thr for e in each
-            )
-            if ok and not ending(r, False):
-                out.append(r)
+            stops = ending_p_value(wins[-1], ok, slower=slow) < self.ending_alpha
+            starts = ending_p_value(wins[-1], ok, slower=not slow) < self.ending_alpha
+            faded = effect_drop_z(wins, slower=slow)[ok] > stats.norm.isf(self.consistency)
+            out += [r for r, v in zip(ok, stops | starts | faded) if not v]
         return sorted(out)
 
     def _best_plan(self) -> tuple[Plan, float, float]:

@@ -85,6 +85,7 @@ class SplineKernel(gpytorch.kernels.Kernel):
         self.num_basis = int(num_basis)
         self.lower = float(lower)
         self.upper = float(upper)
+        self._cache: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The normalized feature map ``phi(x) / ||phi(x)||``.
@@ -97,8 +98,25 @@ class SplineKernel(gpytorch.kernels.Kernel):
         """
         if x.dim() >= 1 and x.shape[-1] == 1:
             x = x.squeeze(-1)
+        cacheable = not (x.requires_grad and torch.is_grad_enabled())
+        if cacheable and self._cache is not None:
+            # Hyperparameter fits evaluate the kernel on the same training inputs many times.
+            # The cache holds the input itself, so its memory cannot be reused by another.
+            old, version, feats = self._cache
+            same = (
+                old.data_ptr() == x.data_ptr()
+                and old.shape == x.shape
+                and old.stride() == x.stride()
+                and old.dtype == x.dtype
+                and x._version == version
+            )
+            if same:
+                return feats
         phi = bspline_basis(x, self.num_basis, self.lower, self.upper)
-        return phi / phi.norm(dim=-1, keepdim=True)
+        out = phi / phi.norm(dim=-1, keepdim=True)
+        if cacheable:
+            self._cache = (x, x._version, out)
+        return out
 
     def forward(
         self,

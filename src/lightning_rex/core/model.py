@@ -213,11 +213,14 @@ class RankTimeModel:
         d = fc.shape[-1]
         outer = (fc.unsqueeze(-1) * fc.unsqueeze(-2)).reshape(len(idx), d * d)
         var_c = (cov.reshape(self.world_size, d * d) @ outer.T).clamp_min(0.0).numpy()
-        var = (
-            np.stack([np.interp(np.arange(g), idx, row) for row in var_c])
-            if len(idx) < g
-            else var_c
-        )
+        if len(idx) < g:  # linear interpolation between the computed points, all ranks at once
+            pos = np.arange(g)
+            hi = np.clip(np.searchsorted(idx, pos), 1, len(idx) - 1)
+            lo = hi - 1
+            w = (pos - idx[lo]) / (idx[hi] - idx[lo])
+            var = var_c[:, lo] * (1.0 - w) + var_c[:, hi] * w
+        else:
+            var = var_c
         s = self.scale[:, None]
         return mean * s, np.sqrt(var) * s
 
@@ -282,7 +285,7 @@ class RankTimeModel:
         with torch.random.fork_rng():
             torch.manual_seed(self.seed + self.n_fits)
             try:
-                fit_gpytorch_mll(mll)
+                fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 60}})
             except Exception:  # keep the previous scale if BoTorch cannot fit
                 return self.outputscale
         scale = float(gp.covar_module.outputscale.detach().median())

@@ -29,6 +29,7 @@ counts once it holds in ``m`` consecutive windows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,68 +268,69 @@ def imbalance_test(
     )
 
 
-def ending_p_value(times: np.ndarray, rank: int, *, slower: bool = True) -> float:
-    """Evidence that a rank's deviation from the others *ends* inside the window.
+def ending_p_value(times: np.ndarray, ranks: Sequence[int], *, slower: bool = True) -> np.ndarray:
+    """Evidence that some ranks' deviation from the pack *ends* inside the window.
 
-    The rank's excess over the pack, ``log t[rank, k] - median_s log t[s, k]`` per step, is
+    Each rank's excess over the pack, ``log t[rank, k] - median_s log t[s, k]`` per step, is
     split at a third, a half and two thirds of the window; at each split a one-sided U test
-    (ESS corrected like :func:`imbalance_test`, with the autocorrelation of the other ranks)
-    asks whether the part before is slower (or
+    (ESS corrected like :func:`imbalance_test`) asks whether the part before is slower (or
     faster, ``slower=False``) than the part after. A straggler that stopped inside the window
-    gives a small p-value; a persistent imbalance does not.
+    gives a small p-value; a persistent imbalance does not. The autocorrelation is estimated
+    from the ranks *not* examined, since a change point inside a rank's own series would
+    masquerade as strong autocorrelation and hide itself. Vectorised over ``ranks``.
 
     Args:
         times: The window, shape ``(N, K)``.
-        rank: The rank to examine.
+        ranks: The ranks to examine.
         slower: Direction of the deviation being checked.
 
     Returns:
-        The Bonferroni-adjusted smallest p-value over the splits (1.0 when ``K < 6``).
+        Per examined rank, the Bonferroni-adjusted smallest p-value over the splits (all 1.0
+        when ``K < 6``).
     """
+    idx = np.asarray(list(ranks), dtype=np.int64)
     t = np.log(np.asarray(times, dtype=np.float64))
     k = t.shape[1]
-    if k < 6:
-        return 1.0
-    others = np.delete(t, rank, axis=0) if t.shape[0] > 1 else np.zeros_like(t)
-    e = t[rank] - np.median(others, axis=0)
+    if k < 6 or idx.size == 0:
+        return np.ones(idx.size)
+    e = t[idx] - np.median(t, axis=0)
     if not slower:
         e = -e
-    r = stats.rankdata(e)
-    # The autocorrelation comes from the other ranks: a change point inside this rank's own
-    # series would masquerade as strong autocorrelation and hide itself.
-    if t.shape[0] > 2:
-        f = variance_inflation(stats.rankdata(others.ravel()).reshape(others.shape))
-    else:
-        f = variance_inflation(r[None, :])
-    best = 1.0
+    r = stats.rankdata(e, axis=1)
+    ref = np.delete(t, idx, axis=0)
+    if ref.shape[0] < 2:
+        ref = t
+    f = variance_inflation(stats.rankdata(ref.ravel()).reshape(ref.shape))
     splits = sorted({k // 3, k // 2, (2 * k) // 3})
-    for s in splits:
-        n1, n2 = s, k - s
-        u = r[:s].sum() - n1 * (n1 + 1) / 2.0
+    best = np.ones(idx.size)
+    for sp in splits:
+        n1, n2 = sp, k - sp
+        u = r[:, :sp].sum(axis=1) - n1 * (n1 + 1) / 2.0
         sd = np.sqrt(n1 * n2 * (k + 1) / 12.0 * f)
-        best = min(best, float(stats.norm.sf((u - n1 * n2 / 2.0 - 0.5) / sd)))
-    return min(1.0, best * len(splits))
+        best = np.minimum(best, stats.norm.sf((u - n1 * n2 / 2.0 - 0.5) / sd))
+    return np.asarray(np.minimum(1.0, best * len(splits)))
 
 
-def effect_drop_z(windows: list[np.ndarray], rank: int, *, slower: bool = True) -> float:
-    """How far a rank's deviation dropped from the first to the last of some windows.
+def effect_drop_z(windows: Sequence[np.ndarray], *, slower: bool = True) -> np.ndarray:
+    """How far each rank's deviation dropped from the first to the last of some windows.
 
     Per window, every rank's median excess over the pack (``log t - median over ranks``) is
-    taken; the rank's drop from the first window to the last is standardised by the spread
-    of the same drop over the other ranks (median absolute deviation), which is its null
-    distribution. A persistent change keeps its size (``z`` near 0); a straggler that hit the
-    first window hard and the last one only by chance shows a large ``z``.
+    taken; each rank's drop from the first window to the last is standardised by the spread
+    of the drop over all ranks (median and median absolute deviation), its null distribution.
+    A persistent change keeps its size (``z`` near 0); a straggler that hit the first window
+    hard and the last one only by chance shows a large ``z``.
 
     Args:
         windows: Two or more windows' times, each ``(N, K)``, oldest first.
-        rank: The rank to examine.
-        slower: Direction of the deviation (False for a rank that is faster).
+        slower: Direction of the deviation (False for ranks that are faster).
 
     Returns:
-        The standardised drop; 0.0 with fewer than 3 ranks or 2 windows.
+        The standardised drop per rank, shape ``(N,)``; zeros with fewer than 3 ranks or 2
+        windows.
     """
-    if len(windows) < 2 or windows[0].shape[0] < 3:
-        return 0.0
+    n = windows[0].shape[0]
+    if len(windows) < 2 or n < 3:
+        return np.zeros(n)
     meds = []
     for w in (windows[0], windows[-1]):
         lw = np.log(np.asarray(w, dtype=np.float64))
@@ -336,9 +338,9 @@ def effect_drop_z(windows: list[np.ndarray], rank: int, *, slower: bool = True) 
     drop = meds[0] - meds[1]
     if not slower:
         drop = -drop
-    others = np.delete(drop, rank)
-    spread = 1.4826 * float(np.median(np.abs(others - np.median(others))))
-    return float((drop[rank] - np.median(others)) / max(spread, 1e-12))
+    center = float(np.median(drop))
+    spread = 1.4826 * float(np.median(np.abs(drop - center)))
+    return np.asarray((drop - center) / max(spread, 1e-12))
 
 
 class Persistence:
