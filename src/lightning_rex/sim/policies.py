@@ -155,8 +155,10 @@ class StaticPolicy:
             b, t = self.points[0]
             return fit_plan(b / t, self.info)
         (b0, t0), (b1, t1) = self.points
-        db = np.where(b1 != b0, b1 - b0, 1.0)
-        slope = np.where(b1 != b0, (t1 - t0) / db, t1 / b1)
+        # Two sizes identify an affine time only when they differ enough; otherwise (and for a
+        # non-positive slope) fall back to the proportional model through the last point.
+        moved = np.abs(b1 - b0) >= np.maximum(2.0, 0.1 * b0)
+        slope = np.where(moved, (t1 - t0) / np.where(moved, b1 - b0, 1.0), t1 / b1)
         slope = np.where(slope > 0, slope, t1 / b1)
         over = np.maximum(t1 - slope * b1, 0.0)
         lo, hi = _bounds(self.info)
