@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
 from lightning.pytorch.loggers import CSVLogger
 from tests.helpers.dist import run_distributed
 from tests.helpers.models import RegModel, flat_params, make_dataset
+from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_rex import HeterogeneityEmulator, RexCallback, RexStrategy
@@ -49,19 +50,12 @@ def _trainer(
     strategy: Any, steps: int, callbacks: list[L.Callback], root: str, **kw: Any
 ) -> L.Trainer:
     args: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=2,
         strategy=strategy,
         max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[_OneThread(), *callbacks],
         default_root_dir=root,
     )
-    args.update(kw)
-    return L.Trainer(**args)
+    return quiet_trainer(**{**args, **kw})
 
 
 def _records(root: str) -> list[dict[str, Any]]:
@@ -307,15 +301,11 @@ def test_resume_on_one_rank_from_a_two_rank_checkpoint(
     ds = make_dataset(64 * 30 + 20)
     model = RegModel(opt="adam")
     cb = RexCallback(window=6, step_time_fn=_affine)
-    t = L.Trainer(
+    t = quiet_trainer(
         accelerator="cpu",
         devices=1,
         strategy=RexStrategy(),
         max_steps=45,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[cb],
         default_root_dir=str(tmp_path),
     )

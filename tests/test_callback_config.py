@@ -11,6 +11,8 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.cli import LightningCLI
+from tests.helpers.models import make_dataset
+from tests.helpers.trainer import quiet_trainer
 from tests.test_strategy_config import _CliModel
 
 from lightning_rex import RexCallback, RexStrategy
@@ -44,18 +46,12 @@ def test_defaults() -> None:
 
 
 def test_rex_attaches_a_default_callback_and_adaptive_false_does_not() -> None:
-    from tests.helpers.models import make_dataset
-
     def fit(strategy: RexStrategy, callbacks: list[L.Callback]) -> L.Trainer:
-        t = L.Trainer(
+        t = quiet_trainer(
             accelerator="cpu",
             devices=1,
             strategy=strategy,
             max_steps=2,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             callbacks=callbacks,
         )
         t.fit(_CliModel(), torch.utils.data.DataLoader(make_dataset(64), batch_size=16))
@@ -73,6 +69,7 @@ def test_rex_attaches_a_default_callback_and_adaptive_false_does_not() -> None:
 
 
 def test_cli_flags_and_append() -> None:
+    # the issue's command line: a bare strategy class path, the callback appended with a flag
     cli = LightningCLI(
         _CliModel,
         run=False,
@@ -200,20 +197,3 @@ def test_window_metrics_flatten_a_record() -> None:
     m = window_metrics(rec)
     assert m["rex/plan_rank1"] == 24 and m["rex/p_value_rank1"] == 0.001 and m["rex/decision"] == 1
     assert m["rex/imbalanced"] == 1.0 and "rex/global_samples_per_s" not in m
-
-
-def test_issue_command_line_bare_class_path_with_callback() -> None:
-    cli = LightningCLI(
-        _CliModel,
-        run=False,
-        save_config_callback=None,
-        args=[
-            "--trainer.strategy=lightning_rex.RexStrategy",
-            "--trainer.accelerator=cpu",
-            "--trainer.devices=2",
-            "--trainer.callbacks+=lightning_rex.RexCallback",
-            "--trainer.callbacks.alpha=0.01",
-        ],
-    )
-    assert isinstance(cli.trainer.strategy, RexStrategy)
-    assert next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback)).alpha == 0.01

@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_rex import HeterogeneityEmulator
@@ -77,14 +78,10 @@ def _fit(emu: HeterogeneityEmulator, batch: int, steps: int = 6) -> None:
     torch.set_num_threads(1)
     n = batch * steps
     ds = TensorDataset(torch.randn(n, 16, 32), torch.randint(0, 10, (n,)))
-    t = L.Trainer(
+    t = quiet_trainer(
         accelerator="cpu",
         devices=1,
         max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[emu],
     )
     t.fit(BenchModel(width=64, depth=2), DataLoader(ds, batch_size=batch))

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
 from tests.helpers.models import RegModel, make_dataset
+from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
 
 import lightning_rex
@@ -76,15 +77,11 @@ def _fit_one_rank(
     model: L.LightningModule | None = None,
     **trainer_kwargs: Any,
 ) -> None:
-    t = L.Trainer(
+    t = quiet_trainer(
         accelerator="cpu",
         devices=1,
         strategy=strategy or RexStrategy(),
         max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         **trainer_kwargs,
     )
     t.fit(model or RegModel(), loader)
@@ -152,15 +149,11 @@ def test_val_loader_is_left_as_under_ddp() -> None:
 
     model = WithVal()
     model.val_sizes = []
-    t = L.Trainer(
+    t = quiet_trainer(
         accelerator="cpu",
         devices=1,
         strategy=RexStrategy(),
         max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         val_check_interval=2,
     )

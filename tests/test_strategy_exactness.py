@@ -19,6 +19,7 @@ from tests.helpers.models import (
     make_dataset,
     reference_train,
 )
+from tests.helpers.trainer import quiet_trainer
 
 from lightning_rex import RexStrategy
 
@@ -69,16 +70,12 @@ def _fit(
     if change:
         callbacks.append(_ChangePlan(at_step=1, plan=[40, 24] if plan != [40, 24] else [8, 56]))
     model = RegModel(opt=opt, reduction=reduction)
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         devices=2,
         strategy=strategy,
         max_epochs=EPOCHS,
         accumulate_grad_batches=accumulate,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=callbacks,
     )
     ds = make_dataset(N_SAMPLES)

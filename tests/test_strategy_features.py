@@ -17,6 +17,7 @@ from tests.helpers.models import (
     make_dataset,
     reference_train,
 )
+from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader
 
 from lightning_rex import RexStrategy
@@ -49,17 +50,7 @@ class _ChangePlanAt(L.Callback):
             self.effective[step] = trainer.strategy.set_plan(self.plans[step])
 
 
-def _trainer(**kw: Any) -> L.Trainer:
-    base = dict(
-        accelerator="cpu",
-        devices=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
-    base.update(kw)
-    return L.Trainer(**base)
+_trainer = quiet_trainer
 
 
 def _features(rank: int, tmp: str) -> dict[str, Any]:
