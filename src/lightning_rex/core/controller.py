@@ -120,6 +120,8 @@ class Controller:
         tolerance: A new plan is also rolled back when its measured step time exceeds the
             prediction by more than this fraction (plus a noise allowance).
         explore: Exploration width: the planner uses ``mean - explore / sqrt(n) * sd``.
+        explore_slack: The exploring plan is used only while its posterior-mean step time is
+            within this fraction of the best posterior-mean plan's; otherwise the latter.
         num_basis: Spline basis functions of the rank time model.
         memory: Age in windows at which old observations' weight has dropped by ``e``.
     """
@@ -142,6 +144,7 @@ class Controller:
         margin: float = 0.02,
         tolerance: float = 0.10,
         explore: float = 0.5,
+        explore_slack: float = 0.03,
         num_basis: int = 10,
         memory: float = 12.0,
     ) -> None:
@@ -161,6 +164,7 @@ class Controller:
         self.margin = float(margin)
         self.tolerance = float(tolerance)
         self.explore = float(explore)
+        self.explore_slack = float(explore_slack)
         self.min_size = int(min_size)
         self.max_sizes: list[int | None] | None = None
         self._lo, self._hi = resolve_bounds(world_size, global_batch, min_size, max_sizes)
@@ -285,14 +289,17 @@ class Controller:
         return bool(np.any(b < self._lo) or np.any(b > self._hi))
 
     def _mark_changes(self, flagged: list[int], window: Window) -> None:
-        """Ranks whose medians moved since the plan was accepted have a new curve."""
-        if self._reference is None:
-            return
-        ref = np.asarray(self._reference)
+        """Flagged ranks whose curve changed get their older observations discounted.
+
+        A rank changed when its recent median moved by more than ``min_effect`` since the plan
+        was accepted, or sits that far from what the model predicts at its current size.
+        """
         recent = np.median(np.concatenate([np.asarray(w) for w in self._recent], axis=1), axis=1)
-        ratio = recent / ref
-        thr = 1.0 + self.min_effect
-        moved = [r for r in flagged if ratio[r] > thr or ratio[r] < 1.0 / thr]
+        thr = math.log1p(self.min_effect)
+        gap = np.abs(np.log(recent / self.model.predict(self._plan)))
+        if self._reference is not None:
+            gap = np.maximum(gap, np.abs(np.log(recent / np.asarray(self._reference))))
+        moved = [r for r in flagged if gap[r] > thr]
         if moved:
             self.model.forget(moved, keep_last=len(self._recent))
 
@@ -340,9 +347,15 @@ class Controller:
         sizes = np.arange(1, g + 1)
         mean, sd = self.model.predict_grid(sizes)
         kappa = exploration_kappa(self.explore, self.model.n_obs)
-        plan = water_fill(mean - kappa * sd, self.global_batch, self._lo, self._hi)
         rows = np.arange(self.world_size)
+        greedy = water_fill(mean, self.global_batch, self._lo, self._hi)
+        pred_greedy = float(mean[rows, np.asarray(greedy) - 1].max())
+        plan = water_fill(mean - kappa * sd, self.global_batch, self._lo, self._hi)
         pred_new = float(mean[rows, np.asarray(plan) - 1].max())
+        # Optimism, not recklessness: explore only where the posterior mean of the exploring
+        # plan stays within `explore_slack` of the best mean plan.
+        if pred_new > pred_greedy * (1.0 + self.explore_slack):
+            plan, pred_new = greedy, pred_greedy
         cur = np.clip(np.asarray(self._plan), 1, g)
         pred_cur = float(mean[rows, cur - 1].max())
         return plan, pred_new, pred_cur

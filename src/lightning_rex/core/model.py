@@ -221,6 +221,16 @@ class RankTimeModel:
             var = var_c[:, lo] * (1.0 - w) + var_c[:, hi] * w
         else:
             var = var_c
+        # Compute time never falls as the batch grows. A rank whose fitted slope is not
+        # positive (a change it has not yet been told about, or too little spread in its sizes)
+        # would offer "free" capacity to the planner; it falls back to the proportional model
+        # through its latest observation, with no claimed certainty.
+        bad = (mu[:, 1] <= 0).numpy()
+        if bad.any():
+            last_b = np.asarray(self.sizes[-1], dtype=np.float64)[bad]
+            last_y = np.asarray(self.medians[-1])[bad] / self.scale[bad]
+            mean[bad] = last_y[:, None] * grid.numpy()[None, :] / last_b[:, None]
+            var[bad] = 0.0
         s = self.scale[:, None]
         return mean * s, np.sqrt(var) * s
 
