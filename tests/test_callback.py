@@ -75,6 +75,8 @@ def _emulated(rank: int, tmp: str) -> dict[str, Any]:
         "sizes": sizes.sizes,
         "schedule": t.strategy.train_loader.batch_sampler.schedule,
         "records": _records(root) if rank == 0 else None,
+        "progress_bar": {k: float(v) for k, v in t.progress_bar_metrics.items()},
+        "changes": cb.plan_changes,
     }
     # 2. a spike of one window on rank 1 of otherwise equal ranks
     cb, root = RexCallback(window=20, min_effect=0.25), f"{tmp}/spike"
@@ -117,6 +119,9 @@ def test_persistent_slowdown_gets_a_better_plan_within_a_few_windows(
         assert s0 == s1 and (b0, b1) == plan_at(s0)
     kinds = [r["decision"] for r in r0["records"]]
     assert "propose" in kinds and "accept" in kinds
+    for r in (r0, r1):  # the progress bar summary reaches every rank
+        assert r["progress_bar"]["rex_changes"] == r["changes"] == len(r0["history"]) - 1
+        assert r["progress_bar"]["rex_imb%"] >= 0
 
 
 def test_one_window_spike_changes_nothing(emulated: list[dict[str, Any]]) -> None:
