@@ -340,9 +340,12 @@ class Controller:
         return sorted(out)
 
     def _best_plan(self) -> tuple[Plan, float, float]:
-        if self._fitted_at != self.model.n_obs:
+        # Refit the hyperparameters only when the data grew materially since the last fit
+        # (by half, or by 10 windows): they move slowly, and a fit dominates proposal latency.
+        n = self.model.n_obs
+        if self._fitted_at < 3 <= n or n >= min(1.5 * self._fitted_at, self._fitted_at + 10):
             self.model.fit_hyperparameters()
-            self._fitted_at = self.model.n_obs
+            self._fitted_at = n
         g = int(self._hi.max())
         sizes = np.arange(1, g + 1)
         mean, sd = self.model.predict_grid(sizes)
