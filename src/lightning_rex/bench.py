@@ -1,7 +1,8 @@
 """``python -m lightning_rex bench``: a real-run benchmark of ddp against rex.
 
 Every strategy runs in turn, in one invocation, on the same model and data, ``--repeat``
-times, interleaved, so that the ratios compare runs measured under the same machine load.
+times, interleaved (in reverse order on odd repeats), so that the ratios compare runs
+measured under the same machine load.
 Each run is a real 2-process Lightning fit with the fork start method (Lightning's own
 launcher), with the :class:`~lightning_rex.emulator.HeterogeneityEmulator` slowing ranks down.
 
@@ -234,7 +235,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     plan = args.micro_batch_sizes or default_plan(args.slowdowns, args.devices)
     runs: list[dict[str, Any]] = []
     for rep in range(args.repeat):
-        for name in args.compare:
+        # ABBA order: odd repeats run the strategies in reverse, so that a drift of the
+        # machine's speed does not favour whichever strategy runs first
+        order = args.compare if rep % 2 == 0 else list(reversed(args.compare))
+        for name in order:
             res = _run_once(name, args, plan)
             runs.append({"strategy": name, "repeat": rep, **res})
             _log(

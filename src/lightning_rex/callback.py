@@ -292,9 +292,6 @@ class RexCallback(Callback):
             self._exchange(trainer)
         if len(self._samples) >= self.window:
             self._close_window(trainer, step)
-        imbalance, changes = self._summary
-        pl_module.log("rex_imb%", 100.0 * imbalance, prog_bar=True, logger=False)
-        pl_module.log("rex_changes", float(changes), prog_bar=True, logger=False)
 
     # ------------------------------------------------------------------ window boundary
     def _close_window(self, trainer: pl.Trainer, last_step: int) -> None:
@@ -389,6 +386,10 @@ class RexCallback(Callback):
             self._summary = (payload["imbalance"], self.plan_changes)
         if trainer.global_rank == 0:
             self._record(trainer, payload, effective)
+        # the progress bar keeps the last value, so once a window is enough (and cheap)
+        module = trainer.lightning_module
+        module.log("rex_imb%", 100.0 * self._summary[0], prog_bar=True, logger=False)
+        module.log("rex_changes", float(self._summary[1]), prog_bar=True, logger=False)
 
     def _resolve_pending(self) -> dict[str, Any]:
         """Rank 0: wait for the background decision (if still running) as a JSON-able dict."""
