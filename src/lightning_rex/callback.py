@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_rex.core.controller import Controller, Decision
 from lightning_rex.core.plan import Plan
-from lightning_rex.core.planner import water_fill
+from lightning_rex.core.planner import affine_plan
 from lightning_rex.core.window import Window
 from lightning_rex.decision_log import DecisionLog
 from lightning_rex.strategy import RexStrategy
@@ -602,8 +602,8 @@ def plan_from_device_rates(
     if not device_keys or any(k not in rates for k in device_keys):
         return None
     n = len(device_keys)
-    sizes = np.arange(1, global_batch + 1, dtype=np.float64)
-    curves = np.stack([rates[k][1] + sizes / rates[k][0] for k in device_keys])
+    over = np.array([rates[k][1] for k in device_keys])
+    slope = np.array([1.0 / rates[k][0] for k in device_keys])
     lo = np.full(n, min_size, dtype=np.int64)
     hi = np.full(n, global_batch - (n - 1) * min_size, dtype=np.int64)
-    return water_fill(curves, global_batch, lo, hi)
+    return affine_plan(over, slope, global_batch, lo, hi)

@@ -75,3 +75,17 @@ def test_large_plan_is_fast():
     t0 = time.perf_counter()
     plan = water_fill(0.002 + s / r[:, None], 4096 * 64, np.ones(4096, int), np.full(4096, 256))
     assert time.perf_counter() - t0 < 1.0 and sum(plan) == 4096 * 64
+
+
+def test_affine_plan_equalises_known_affine_times() -> None:
+    from lightning_rex.core.planner import affine_plan
+
+    # rank 1 is 3x slower per sample, same overhead: the optimum gives rank 0 ~3x the samples
+    plan = affine_plan(
+        np.array([0.0, 0.0]), np.array([1.0, 3.0]), 64, np.array([1, 1]), np.array([63, 63])
+    )
+    assert plan == (48, 16)
+    plan = affine_plan(
+        np.array([0.0, 0.01]), np.array([0.001, 0.001]), 64, np.array([1, 1]), np.array([63, 63])
+    )
+    assert plan[0] > plan[1] and sum(plan) == 64

@@ -14,7 +14,7 @@ from lightning_rex.core.plan import (
     split_in_proportion,
     validate_plan,
 )
-from lightning_rex.core.planner import exploration_kappa, resolve_bounds, water_fill
+from lightning_rex.core.planner import affine_plan, exploration_kappa, resolve_bounds, water_fill
 from lightning_rex.core.significance import (
     ImbalanceResult,
     Persistence,
@@ -33,6 +33,7 @@ __all__ = [
     "RankTimeModel",
     "SplineKernel",
     "Window",
+    "affine_plan",
     "bspline_basis",
     "even_plan",
     "exploration_kappa",

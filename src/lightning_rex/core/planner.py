@@ -18,7 +18,7 @@ import numpy as np
 
 from lightning_rex.core.plan import Plan
 
-__all__ = ["exploration_kappa", "resolve_bounds", "water_fill"]
+__all__ = ["affine_plan", "exploration_kappa", "resolve_bounds", "water_fill"]
 
 
 def resolve_bounds(
@@ -188,3 +188,24 @@ def _share(cap: np.ndarray, lo: np.ndarray, total: int) -> np.ndarray:
         b[open_] += add
         spare -= int(add.sum())
     return b
+
+
+def affine_plan(
+    overheads: np.ndarray, slopes: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray
+) -> Plan:
+    """The minimax plan for known affine step times ``t_r(b) = overheads[r] + slopes[r] * b``.
+
+    Args:
+        overheads: Per-rank fixed time per step (seconds), shape ``(N,)``.
+        slopes: Per-rank time per sample (seconds, ``1 / rate``), shape ``(N,)``.
+        total: The global batch ``B``.
+        lo: Per-rank minimum sizes, shape ``(N,)``.
+        hi: Per-rank maximum sizes, shape ``(N,)``.
+
+    Returns:
+        The plan, as :func:`water_fill` finds it on those curves.
+    """
+    sizes = np.arange(1, int(np.max(hi)) + 1)
+    over = np.asarray(overheads, dtype=np.float64)
+    slope = np.asarray(slopes, dtype=np.float64)
+    return water_fill(over[:, None] + slope[:, None] * sizes[None, :], total, lo, hi)

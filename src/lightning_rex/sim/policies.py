@@ -28,7 +28,7 @@ import numpy as np
 
 from lightning_rex.core.controller import Controller, Decision
 from lightning_rex.core.plan import Plan, round_fractions
-from lightning_rex.core.planner import resolve_bounds, water_fill
+from lightning_rex.core.planner import affine_plan, resolve_bounds, water_fill
 from lightning_rex.core.window import Window
 from lightning_rex.sim.scenario import Scenario
 
@@ -162,9 +162,7 @@ class StaticPolicy:
         slope = np.where(slope > 0, slope, t1 / b1)
         over = np.maximum(t1 - slope * b1, 0.0)
         lo, hi = _bounds(self.info)
-        sizes = np.arange(1, int(hi.max()) + 1)
-        curves = over[:, None] + slope[:, None] * sizes[None, :]
-        return water_fill(curves, self.info.global_batch, lo, hi)
+        return affine_plan(over, slope, self.info.global_batch, lo, hi)
 
 
 class ProportionalPolicy:
