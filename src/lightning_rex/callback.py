@@ -24,7 +24,10 @@ speedup, and changes nothing.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
+import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -210,7 +213,9 @@ class RexCallback(Callback):
             )
             self._log = DecisionLog(directory, trainer.loggers)
             if self.background:
-                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rex")
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="rex", initializer=_lower_thread_priority
+                )
         if self._loaded is not None:
             self._restore(trainer, self._loaded)
             self._loaded = None
@@ -607,3 +612,14 @@ def plan_from_device_rates(
     lo = np.full(n, min_size, dtype=np.int64)
     hi = np.full(n, global_batch - (n - 1) * min_size, dtype=np.int64)
     return affine_plan(over, slope, global_batch, lo, hi)
+
+
+def _lower_thread_priority() -> None:
+    """Run the controller thread at the lowest CPU priority (Linux: per-thread nice 19).
+
+    Where the host CPU is also the training device (CPU runs, or a busy data pipeline), the
+    controller's computation then uses idle time, such as the fast ranks' wait at the
+    all-reduce, instead of slowing rank 0's training. Elsewhere this is a no-op.
+    """
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
