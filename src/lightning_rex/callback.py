@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import math
 import os
 import threading
 import time
@@ -40,11 +39,17 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_rex.core.controller import Controller, Decision
 from lightning_rex.core.plan import Plan
-from lightning_rex.core.planner import affine_plan
 from lightning_rex.core.window import Window
-from lightning_rex.decision_log import DecisionLog
+from lightning_rex.decision_log import DecisionLog, build_record
+from lightning_rex.gather import device_key, gather_objects, gather_rows
+from lightning_rex.resume import (
+    device_rates,
+    plan_from_device_rates,
+    window_from_state,
+    window_to_state,
+)
 from lightning_rex.strategy import RexStrategy
-from lightning_rex.telemetry import GpuTelemetry, MemoryBound, throttled
+from lightning_rex.telemetry import GpuTelemetry, MemoryBound
 from lightning_rex.timing import ComputeTimer
 
 __all__ = ["RexCallback"]
@@ -179,7 +184,12 @@ class RexCallback(Callback):
             plan, min_size = (int(bs),) * n, 1
         self._static_plan = plan
         assert self._timer is not None
-        self._device_keys = self._gather_device_keys(trainer)
+        self._device_keys = [
+            str(k)
+            for k in gather_objects(
+                trainer, device_key(trainer.strategy.root_device, self._telemetry)
+            )
+        ]
         if (
             self._loaded is not None
             and int(self._loaded.get("world_size", n)) != n
@@ -307,8 +317,13 @@ class RexCallback(Callback):
         rank = trainer.global_rank
         cap = self._memory.cap(self._window_plan[rank])
         local = torch.tensor([*times, -1.0 if cap is None else float(cap)], dtype=torch.float64)
-        gathered = _gather(trainer, local)
-        telemetry = self._gather_telemetry(trainer)
+        gathered = gather_rows(trainer, local)
+        # decided by the device type, the same on every rank, so all ranks call it or none
+        telemetry = (
+            gather_objects(trainer, self._telemetry.sample() if self._telemetry else None)
+            if trainer.strategy.root_device.type == "cuda"
+            else None
+        )
         wall = time.perf_counter() - self._window_t0
         k = len(times)
         if rank == 0 and self.controller is not None:
@@ -340,32 +355,6 @@ class RexCallback(Callback):
             )
         self._samples, self._steps = [], []
         self._exchange_at = last_step + self.decision_lag
-
-    def _gather_device_keys(self, trainer: pl.Trainer) -> list[str]:
-        """Every rank's device identity (GPU name, or ``"cpu"``), to key measured rates."""
-        device = trainer.strategy.root_device
-        ident = self._telemetry.identity() if self._telemetry is not None else None
-        if ident is not None:
-            key = ident["name"]
-        elif device.type == "cuda":
-            key = torch.cuda.get_device_name(device)
-        else:
-            key = device.type
-        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-            return [key]
-        keys: list[Any] = [None] * trainer.world_size
-        torch.distributed.all_gather_object(keys, key)
-        return [str(k) for k in keys]
-
-    def _gather_telemetry(self, trainer: pl.Trainer) -> list[Any] | None:
-        if self._telemetry is None or trainer.strategy.root_device.type != "cuda":
-            return None  # every rank takes the same branch: same device type everywhere
-        sample = self._telemetry.sample()
-        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-            return [sample]
-        out: list[Any] = [None] * trainer.world_size
-        torch.distributed.all_gather_object(out, sample)
-        return out
 
     def _exchange(self, trainer: pl.Trainer) -> None:
         self._exchange_at = None
@@ -432,36 +421,9 @@ class RexCallback(Callback):
         }
 
     def _record(self, trainer: pl.Trainer, payload: dict[str, Any], effective: int | None) -> None:
-        info = self._pending_info or {}
-        window: Window = info["window"]
-        d = payload["decision"]
-        sig = d["significance"] or {}
-        telemetry = info.get("telemetry")
-        slow = list(sig.get("slow_ranks", []))
-        measured, predicted = d["measured_step_s"], d["predicted_step_s"]
-        record = {
-            "step": window.step_end,
-            "window": [window.step_start, window.step_end],
-            "plan": list(window.plan),
-            "median_ms": (1000.0 * window.medians).tolist(),
-            "p_values": sig.get("p_values"),
-            "verdict": "imbalanced" if sig.get("imbalanced") else "balanced",
-            "decision": payload["kind"],
-            "reason": d["reason"],
-            "new_plan": payload["plan"] or payload["recommended"],
-            "effective_step": effective,
-            "predicted_step_ms": None if predicted is None else 1000.0 * predicted,
-            "measured_step_ms": None if measured is None else 1000.0 * measured,
-            "predicted_speedup": (measured / predicted) if (measured and predicted) else None,
-            "imbalance": payload["imbalance"],
-            "plan_changes": self.plan_changes,
-            "global_samples_per_s": info.get("global_samples_per_s"),
-            "window_samples": info.get("window_samples"),
-            "window_wall_s": info.get("window_wall_s"),
-            "adaptive": self.adaptive,
-            "telemetry": telemetry,
-            "throttled_slow_ranks": [r for r in slow if telemetry and throttled(telemetry[r])],
-        }
+        info = dict(self._pending_info or {})
+        record = build_record(info.pop("window"), payload, info, effective)
+        record.update(plan_changes=self.plan_changes, adaptive=self.adaptive)
         self.records.append(record)
         assert self._log is not None
         self._log.write(record, step=trainer.global_step)
@@ -481,13 +443,17 @@ class RexCallback(Callback):
         if trainer is None or self._timer is None:
             return {}
         times = self._timer.resolve(self._samples)
-        gathered = _gather(trainer, torch.tensor(times, dtype=torch.float64))
+        gathered = gather_rows(trainer, torch.tensor(times, dtype=torch.float64))
         pending = None
         if trainer.global_rank == 0 and self._pending is not None:
             pending = self._resolve_pending()
         return {
             "world_size": trainer.world_size,
-            "device_rates": self._device_rates(),
+            "device_rates": (
+                device_rates(self._device_keys, self.controller.rank_model_summary())
+                if self.controller is not None
+                else {}
+            ),
             "controller": None if self.controller is None else self.controller.state_dict(),
             "partial": gathered.tolist(),
             "steps": list(self._steps),
@@ -497,7 +463,7 @@ class RexCallback(Callback):
             "pending_info": None
             if self._pending_info is None
             else {
-                "window": _window_to_state(self._pending_info["window"]),
+                "window": window_to_state(self._pending_info["window"]),
                 **{
                     k: self._pending_info.get(k)
                     for k in ("global_samples_per_s", "window_samples", "window_wall_s")
@@ -507,20 +473,6 @@ class RexCallback(Callback):
             "plan_changes": self.plan_changes,
             "plan_history": [[s, list(p)] for s, p in self.plan_history],
             "summary": list(self._summary),
-        }
-
-    def _device_rates(self) -> dict[str, list[float]]:
-        """Rank 0: the fitted rate and overhead per device identity (means over its ranks)."""
-        if self.controller is None or not self._device_keys:
-            return {}
-        summary = self.controller.rank_model_summary()
-        out: dict[str, list[list[float]]] = {}
-        for key, rate, over in zip(self._device_keys, summary["rate"], summary["overhead_s"]):
-            if math.isfinite(rate) and rate > 0 and math.isfinite(over):
-                out.setdefault(key, []).append([rate, max(over, 0.0)])
-        return {
-            k: [float(np.mean([v[0] for v in vs])), float(np.mean([v[1] for v in vs]))]
-            for k, vs in out.items()
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -557,61 +509,9 @@ class RexCallback(Callback):
             info = s["pending_info"]
             self._pending_info = {
                 **info,
-                "window": _window_from_state(info["window"]),
+                "window": window_from_state(info["window"]),
                 "telemetry": None,
             }
-
-
-def _gather(trainer: pl.Trainer, local: torch.Tensor) -> np.ndarray:
-    """All-gather one 1-D tensor per rank into an ``(N, len)`` array (one collective)."""
-    strategy = trainer.strategy
-    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return local.reshape(1, -1).numpy()
-    device = (
-        strategy.root_device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
-    )
-    out = strategy.all_gather(local.to(device))
-    return out.reshape(trainer.world_size, -1).cpu().numpy()
-
-
-def _window_to_state(w: Window) -> dict[str, Any]:
-    return {
-        "times": w.times.tolist(),
-        "plan": list(w.plan),
-        "start": w.step_start,
-        "end": w.step_end,
-    }
-
-
-def _window_from_state(d: dict[str, Any]) -> Window:
-    return Window(
-        np.asarray(d["times"], dtype=np.float64), tuple(d["plan"]), int(d["start"]), int(d["end"])
-    )
-
-
-def plan_from_device_rates(
-    rates: dict[str, list[float]], device_keys: list[str], global_batch: int, min_size: int
-) -> Plan | None:
-    """The minimax plan from rates measured per device identity, if every rank's is known.
-
-    Args:
-        rates: Device identity to ``[rate (samples/s), overhead (s)]``, from a checkpoint.
-        device_keys: This run's device identity per rank.
-        global_batch: This run's global batch B.
-        min_size: The smallest micro-batch.
-
-    Returns:
-        The plan equalising ``overhead + b / rate`` across ranks, or None when a rank's
-        device was not measured before (the caller keeps the even plan).
-    """
-    if not device_keys or any(k not in rates for k in device_keys):
-        return None
-    n = len(device_keys)
-    over = np.array([rates[k][1] for k in device_keys])
-    slope = np.array([1.0 / rates[k][0] for k in device_keys])
-    lo = np.full(n, min_size, dtype=np.int64)
-    hi = np.full(n, global_batch - (n - 1) * min_size, dtype=np.int64)
-    return affine_plan(over, slope, global_batch, lo, hi)
 
 
 def _lower_thread_priority() -> None:

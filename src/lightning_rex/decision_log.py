@@ -15,13 +15,60 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DECISION_CODES", "DecisionLog", "window_metrics"]
+from lightning_rex.core.window import Window
+from lightning_rex.telemetry import throttled
+
+__all__ = ["DECISION_CODES", "DecisionLog", "build_record", "window_metrics"]
 
 DECISION_CODES = {"hold": 0, "propose": 1, "accept": 2, "rollback": 3, "recommend": 4}
 
 
 def _ms(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else 1000.0 * value
+
+
+def build_record(
+    window: Window, payload: dict[str, Any], info: dict[str, Any], effective_step: int | None
+) -> dict[str, Any]:
+    """The JSON record of one window and the decision exchanged for it.
+
+    Args:
+        window: The observed window.
+        payload: What rank 0 broadcast: ``kind``, ``plan``, ``recommended``, ``imbalance`` and
+            the controller's ``decision`` as a dictionary.
+        info: The window's extras: ``telemetry`` (per rank, or None), ``global_samples_per_s``,
+            ``window_samples`` and ``window_wall_s``.
+        effective_step: The step the new plan took effect at, or None.
+
+    Returns:
+        The record, without the run-level fields (``plan_changes``, ``adaptive``).
+    """
+    d = payload["decision"]
+    sig = d["significance"] or {}
+    telemetry = info.get("telemetry")
+    slow = list(sig.get("slow_ranks", []))
+    measured, predicted = d["measured_step_s"], d["predicted_step_s"]
+    return {
+        "step": window.step_end,
+        "window": [window.step_start, window.step_end],
+        "plan": list(window.plan),
+        "median_ms": (1000.0 * window.medians).tolist(),
+        "p_values": sig.get("p_values"),
+        "verdict": "imbalanced" if sig.get("imbalanced") else "balanced",
+        "decision": payload["kind"],
+        "reason": d["reason"],
+        "new_plan": payload["plan"] or payload["recommended"],
+        "effective_step": effective_step,
+        "predicted_step_ms": _ms(predicted),
+        "measured_step_ms": _ms(measured),
+        "predicted_speedup": (measured / predicted) if (measured and predicted) else None,
+        "imbalance": payload["imbalance"],
+        "global_samples_per_s": info.get("global_samples_per_s"),
+        "window_samples": info.get("window_samples"),
+        "window_wall_s": info.get("window_wall_s"),
+        "telemetry": telemetry,
+        "throttled_slow_ranks": [r for r in slow if telemetry and throttled(telemetry[r])],
+    }
 
 
 def window_metrics(record: dict[str, Any]) -> dict[str, float]:
