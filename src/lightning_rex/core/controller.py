@@ -276,6 +276,16 @@ class Controller:
         need = 1 if self._reference is None and self.windows_seen == 1 else self.persistence
         if len(self._recent) < need:
             return decide("hold", None, "imbalanced" if sig.imbalanced else "balanced")
+        # _persistent flags a rank only if every window, this one included, points at it on
+        # its own: when this window points at no rank, skip the pooled tests (same result,
+        # and most windows of a balanced run end here cheaply)
+        thr = 1.0 + self.min_effect
+        points = (
+            (sig.raw_p_values < self.consistency) & (sig.effect > thr)
+            | (sig.raw_p_values_fast < self.consistency) & (sig.effect < 1.0 / thr)
+        )
+        if not bool(points.any()):
+            return decide("hold", None, "transient imbalance" if sig.imbalanced else "balanced")
         flagged = self._persistent(need)
         if not flagged:
             why = "transient imbalance" if sig.imbalanced else "balanced"
