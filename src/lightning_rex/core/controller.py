@@ -280,10 +280,9 @@ class Controller:
         # its own: when this window points at no rank, skip the pooled tests (same result,
         # and most windows of a balanced run end here cheaply)
         thr = 1.0 + self.min_effect
-        points = (
-            (sig.raw_p_values < self.consistency) & (sig.effect > thr)
-            | (sig.raw_p_values_fast < self.consistency) & (sig.effect < 1.0 / thr)
-        )
+        points = (sig.raw_p_values < self.consistency) & (sig.effect > thr) | (
+            sig.raw_p_values_fast < self.consistency
+        ) & (sig.effect < 1.0 / thr)
         if not bool(points.any()):
             return decide("hold", None, "transient imbalance" if sig.imbalanced else "balanced")
         flagged = self._persistent(need)
