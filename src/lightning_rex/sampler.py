@@ -121,11 +121,6 @@ class UnevenBatchSampler(Sampler[list[int]]):
         """
         self.sampler.set_epoch(epoch)
 
-    @property
-    def steps_per_epoch(self) -> int:
-        """Optimizer steps in a full epoch: ``ceil(len(self) / accumulate_grad_batches)``."""
-        return math.ceil(len(self) / self.accumulate_grad_batches)
-
     def __len__(self) -> int:
         full, rem = divmod(self.num_samples - self._origin_sample, self.global_batch)
         tail = 1 if (rem >= self.world_size and not self.drop_last) else 0
