@@ -23,10 +23,6 @@ speedup, and changes nothing.
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,11 +33,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.controller import Controller
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.window import Window
 from lightning_rex.decision_log import DecisionLog, build_record
 from lightning_rex.gather import device_key, gather_objects, gather_rows
+from lightning_rex.observer import BackgroundObserver
 from lightning_rex.resume import (
     device_rates,
     plan_from_device_rates,
@@ -139,8 +136,7 @@ class RexCallback(Callback):
         self._memory: MemoryBound | None = None
         self._telemetry: GpuTelemetry | None = None
         self._log: DecisionLog | None = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: Any = None  # rank 0: Future[Decision] or Decision
+        self._observer: BackgroundObserver | None = None  # rank 0 only
         self._pending_info: dict[str, Any] | None = None
         self._exchange_at: int | None = None
         self._samples: list[Any] = []  # per step: timer handle or seconds
@@ -222,10 +218,7 @@ class RexCallback(Callback):
                 initial_plan=plan,
             )
             self._log = DecisionLog(directory, trainer.loggers)
-            if self.background:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="rex", initializer=_lower_thread_priority
-                )
+            self._observer = BackgroundObserver(self.controller, self.background)
         if self._loaded is not None:
             self._restore(trainer, self._loaded)
             self._loaded = None
@@ -236,9 +229,8 @@ class RexCallback(Callback):
         """Release hooks and the background thread."""
         if self._timer is not None:
             self._timer.detach()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        if self._observer is not None:
+            self._observer.shutdown()
 
     # ------------------------------------------------------------------ per step
     def _current_sizes(self, trainer: pl.Trainer) -> Plan | None:
@@ -348,22 +340,18 @@ class RexCallback(Callback):
                 "window_wall_s": wall,
                 "global_samples_per_s": samples / wall if wall > 0 else None,
             }
-            self._pending = (
-                self._pool.submit(self.controller.observe, window)
-                if self._pool is not None
-                else self.controller.observe(window)
-            )
+            assert self._observer is not None
+            self._observer.submit(window)
         self._samples, self._steps = [], []
         self._exchange_at = last_step + self.decision_lag
 
     def _exchange(self, trainer: pl.Trainer) -> None:
         self._exchange_at = None
         payload: dict[str, Any] | None = None
-        if trainer.global_rank == 0 and self._pending is not None:
-            decision = self._resolve_pending()
-            payload = self._payload(decision)
+        if self._observer is not None and self._observer.pending:
+            payload = self._payload(self._observer.result())
+            self._observer.clear()
         payload = trainer.strategy.broadcast(payload, src=0)
-        self._pending = None
         if payload is None:
             return
         self._summary = (payload["imbalance"], self.plan_changes)
@@ -384,16 +372,6 @@ class RexCallback(Callback):
         module = trainer.lightning_module
         module.log("rex_imb%", 100.0 * self._summary[0], prog_bar=True, logger=False)
         module.log("rex_changes", float(self._summary[1]), prog_bar=True, logger=False)
-
-    def _resolve_pending(self) -> dict[str, Any]:
-        """Rank 0: wait for the background decision (if still running) as a JSON-able dict."""
-        pending = self._pending
-        if isinstance(pending, concurrent.futures.Future):
-            pending = pending.result()
-        if isinstance(pending, Decision):
-            pending = pending.to_dict()
-        self._pending = pending
-        return dict(pending)
 
     def _payload(self, decision: dict[str, Any]) -> dict[str, Any]:
         """What rank 0 broadcasts: the decision, plus a summary for every rank's progress bar."""
@@ -445,8 +423,8 @@ class RexCallback(Callback):
         times = self._timer.resolve(self._samples)
         gathered = gather_rows(trainer, torch.tensor(times, dtype=torch.float64))
         pending = None
-        if trainer.global_rank == 0 and self._pending is not None:
-            pending = self._resolve_pending()
+        if self._observer is not None and self._observer.pending:
+            pending = self._observer.result()
         return {
             "world_size": trainer.world_size,
             "device_rates": (
@@ -504,22 +482,11 @@ class RexCallback(Callback):
         self.plan_changes = int(s["plan_changes"])
         self.plan_history = [(int(a), tuple(int(b) for b in p)) for a, p in s["plan_history"]]
         self._summary = (float(s["summary"][0]), int(s["summary"][1]))
-        if trainer.global_rank == 0 and s["pending"] is not None:
-            self._pending = dict(s["pending"])
+        if self._observer is not None and s["pending"] is not None:
+            self._observer.restore(s["pending"])
             info = s["pending_info"]
             self._pending_info = {
                 **info,
                 "window": window_from_state(info["window"]),
                 "telemetry": None,
             }
-
-
-def _lower_thread_priority() -> None:
-    """Run the controller thread at the lowest CPU priority (Linux: per-thread nice 19).
-
-    Where the host CPU is also the training device (CPU runs, or a busy data pipeline), the
-    controller's computation then uses idle time, such as the fast ranks' wait at the
-    all-reduce, instead of slowing rank 0's training. Elsewhere this is a no-op.
-    """
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
