@@ -1,119 +1,59 @@
 """One prepared check of the CUDA paths, for a machine with a GPU (not part of the tests).
 
-    python examples/gpu_check.py [--steps 40]
+    PYTHONPATH=src python examples/gpu_check.py [--json FILE]
 
-It checks, and prints one line per check with PASS/FAIL:
-1. NCCL at world size 1: RexStrategy trains on the GPU over NCCL (gradient weighting, the
-   NCCL gather of a window, set_plan's all-reduce on the device).
-2. Two ranks on one GPU over gloo: exact weighting against a single-process reference
-   (float64, within 1e-10), with an uneven plan [48, 16].
-3. CUDA-event timing against host timing: the ComputeTimer's CUDA events agree with a
-   synchronised host clock around the same step (within 10% + 0.2 ms), and an unsynchronised
-   host clock would under-measure the asynchronous kernels.
-4. The memory bound: memory per sample is measured and the cap respects the headroom, the
-   growth factor and a user cap; NVML telemetry reads (or is absent without error).
+Each check runs in a fresh Python process (so CUDA is never initialised before a fork, and
+each process group is its own), and prints one line with PASS/FAIL:
+
+1. ``events``: the ComputeTimer's CUDA events agree with a synchronised host clock around the
+   same step (within 10% + 0.2 ms), and an unsynchronised host clock under-measures the
+   asynchronous kernels.
+2. ``memory``: memory per sample is measured; the cap respects the headroom, the growth
+   factor and a user cap; NVML telemetry reads (or is absent without error).
+3. ``gloo2``: two ranks on one GPU over gloo, plain DDP with REX's loss scaling and the uneven
+   sampler, plan [48, 16]: float64 parameters within 1e-10 of a single-process reference.
+4. ``lightning2``: two Lightning ranks on one GPU over gloo (launched as two nodes), with
+   ``strategy="rex"``, the default adaptive callback and rank 1 emulated 3x slower: the CUDA
+   events see the slowdown, a better plan is applied, both ranks agree on every step's plan,
+   and the decision log carries NVML telemetry.
+5. ``nccl1``: NCCL at world size 1: RexStrategy + RexCallback train on the GPU over NCCL in
+   float64, within 1e-10 of the single-process reference, with windows logged.
+
 Exit code 0 when every check passes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
-import lightning as L
-import torch
-from torch.utils.data import DataLoader
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # keep CUDA out of the parent
 
-import lightning_rex
-from lightning_rex.telemetry import GpuTelemetry, MemoryBound
-from lightning_rex.timing import ComputeTimer
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tests.helpers.dist import run_distributed
-from tests.helpers.models import RegModel, flat_params, make_dataset, reference_train
-
-RESULTS: list[tuple[str, bool, str]] = []
+CHECKS = ("events", "memory", "gloo2", "lightning2", "nccl1")
+N_SAMPLES = 64 * 3 + 20
+# a dry run of the two-rank Lightning check on a CPU-only machine: REX_GPU_CHECK_ACCEL=cpu
+ACCEL = os.environ.get("REX_GPU_CHECK_ACCEL", "gpu")
 
 
-def report(name: str, ok: bool, detail: str) -> None:
-    RESULTS.append((name, ok, detail))
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+def check_events() -> tuple[bool, str]:
+    import torch
 
+    from lightning_rex.timing import ComputeTimer
 
-def check_nccl_world_one(steps: int) -> None:
-    cb = lightning_rex.RexCallback(window=5)
-    t = L.Trainer(
-        accelerator="gpu",
-        devices=1,
-        strategy=lightning_rex.RexStrategy(process_group_backend="nccl"),
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        callbacks=[cb],
-        default_root_dir=tempfile.mkdtemp(),
-    )
-    model = RegModel(dtype=torch.float32)
-    t.fit(model, DataLoader(make_dataset(64 * steps, dtype=torch.float32), batch_size=32))
-    ok = t.global_step == steps and len(cb.records) >= 1
-    report(
-        "nccl world size 1",
-        ok,
-        f"steps {t.global_step}, windows logged {len(cb.records)}, "
-        f"backend {torch.distributed.get_backend() if torch.distributed.is_initialized() else '-'}",
-    )
-
-
-def _two_ranks(rank: int) -> torch.Tensor:
-    """Both ranks on cuda:0, DDP over gloo, plan [48, 16], REX's loss scaling."""
-    import torch.distributed as dist
-    from tests.helpers.models import make_net
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from lightning_rex.sampler import UnevenBatchSampler
-    from lightning_rex.weighting import loss_scale
-
-    dist.init_process_group("gloo")
     dev = torch.device("cuda", 0)
-    net = DDP(make_net().to(dev))
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    ds = make_dataset(64 * 3 + 20)
-    sampler = UnevenBatchSampler(len(ds), 64, (48, 16), rank, seed=0)
-    x, y, _ = ds.tensors
-    for i, idx in enumerate(sampler):
-        sizes = sampler.sizes_for_batch(i)
-        per = ((net(x[idx].to(dev)) - y[idx].to(dev)) ** 2).squeeze(-1)
-        (per.mean() * loss_scale(sizes, rank, "mean")).backward()
-        opt.step()
-        opt.zero_grad()
-    return flat_params(net.module)
-
-
-def check_two_ranks_one_gpu() -> None:
-    try:
-        params = run_distributed(_two_ranks, timeout=300)
-        ref = reference_train(
-            make_dataset(64 * 3 + 20), 64, 2, epochs=1, opt="sgd", reduction="mean"
-        )
-        err = max((p - ref).abs().max().item() for p in params)
-        report(
-            "2 ranks on one GPU over gloo, exact weighting",
-            err < 1e-10,
-            f"max |param - reference| {err:.2e}",
-        )
-    except Exception as exc:
-        report("2 ranks on one GPU over gloo, exact weighting", False, repr(exc)[:300])
-
-
-def check_cuda_event_timing() -> None:
-    dev = torch.device("cuda", 0)
+    torch.backends.cuda.matmul.allow_tf32 = False
     net = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).to(dev)
     timer = ComputeTimer(dev)
     timer.attach(net.parameters())
-    x = torch.randn(512, 4096, device=dev)
+    x = torch.randn(2048, 4096, device=dev)
     for _ in range(3):
         net(x).sum().backward()
     torch.cuda.synchronize()
@@ -128,15 +68,20 @@ def check_cuda_event_timing() -> None:
         host_sync = time.perf_counter() - t0
         (event_s,) = timer.resolve([timer.take_step()])
         rows.append((event_s, host_sync, host_async))
-    ok = all(abs(e - h) <= 0.1 * h + 2e-4 for e, h, _ in rows)
-    detail = ", ".join(
-        f"event {e * 1e3:.2f} ms / host sync {h * 1e3:.2f} / host async {a * 1e3:.2f}"
+    agree = all(abs(e - h) <= 0.1 * h + 2e-4 for e, h, _ in rows)
+    under = sorted(a for _, _, a in rows)[2] < 0.8 * sorted(e for e, _, _ in rows)[2]
+    detail = "; ".join(
+        f"event {e * 1e3:.2f} ms, host sync {h * 1e3:.2f}, host async {a * 1e3:.2f}"
         for e, h, a in rows[:3]
     )
-    report("cuda events vs host timing", ok, detail)
+    return agree, f"{detail}; async host clock under-measures: {under}"
 
 
-def check_memory_bound() -> None:
+def check_memory() -> tuple[bool, str]:
+    import torch
+
+    from lightning_rex.telemetry import GpuTelemetry, MemoryBound
+
     dev = torch.device("cuda", 0)
     net = torch.nn.Sequential(
         torch.nn.Linear(2048, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 10)
@@ -149,46 +94,225 @@ def check_memory_bound() -> None:
     per = mem.per_sample_bytes or 0.0
     cap = mem.cap(128)
     free, _ = torch.cuda.mem_get_info(dev)
-    ok = per > 0 and cap is not None and cap <= 256 and cap >= 128
+    ok = per > 0 and cap == 256  # the growth bound binds long before the headroom
+    huge = MemoryBound(dev, max_growth=1e9)
+    huge.per_sample_bytes, huge.largest_run = per, 128
+    headroom_cap = huge.cap(128) or 0
+    ok = ok and 0 < headroom_cap * per <= free + torch.cuda.memory_reserved(dev)
     capped = MemoryBound(dev, max_micro_batch_size=100)
     capped.largest_run = 128
     ok = ok and capped.cap(64) == 100
-    tel = GpuTelemetry(dev)
-    sample = tel.sample()
-    report(
-        "memory bound + NVML",
-        ok,
-        f"{per / 1024:.1f} KiB/sample, cap {cap} (growth 2x of 128), "
-        f"free {free / 2**30:.1f} GiB; telemetry {sample}",
+    sample = GpuTelemetry(dev).sample()
+    return ok, (
+        f"{per / 1024:.1f} KiB/sample, cap {cap} (growth 2x of 128), headroom cap "
+        f"{headroom_cap}, free {free / 2**30:.1f} GiB, user cap {capped.cap(64)}; "
+        f"telemetry {sample}"
     )
+
+
+def _gloo2_rank(rank: int) -> Any:
+    import torch
+    import torch.distributed as dist
+    from tests.helpers.models import flat_params, make_dataset, make_net
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from lightning_rex.sampler import UnevenBatchSampler
+    from lightning_rex.weighting import loss_scale
+
+    dist.init_process_group("gloo")
+    dev = torch.device("cuda", 0)
+    net = DDP(make_net().to(dev))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    ds = make_dataset(N_SAMPLES)
+    sampler = UnevenBatchSampler(len(ds), 64, (48, 16), rank, seed=0)
+    x, y, _ = ds.tensors
+    for i, idx in enumerate(sampler):
+        sizes = sampler.sizes_for_batch(i)
+        per = ((net(x[idx].to(dev)) - y[idx].to(dev)) ** 2).squeeze(-1)
+        (per.mean() * loss_scale(sizes, rank, "mean")).backward()
+        opt.step()
+        opt.zero_grad()
+    return flat_params(net.module)
+
+
+def check_gloo2() -> tuple[bool, str]:
+    import torch
+    from tests.helpers.dist import run_distributed
+    from tests.helpers.models import make_dataset, reference_train
+
+    assert not torch.cuda.is_initialized(), "CUDA must not be initialised before the fork"
+    params = run_distributed(_gloo2_rank, timeout=300)
+    ref = reference_train(make_dataset(N_SAMPLES), 64, 2, epochs=1, opt="sgd", reduction="mean")
+    err = max((p - ref).abs().max().item() for p in params)
+    return err < 1e-10, f"max |param - reference| {err:.2e} (plain DDP weighting misses by >1e-4)"
+
+
+def _lightning2_rank(rank: int, root: str) -> Any:
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import lightning_rex
+    from lightning_rex.bench import BenchModel
+
+    # two "nodes" of one GPU each, both on cuda:0: the stock launcher environment
+    os.environ.update(LOCAL_RANK="0", NODE_RANK=str(rank), LOCAL_WORLD_SIZE="1")
+    steps = 240
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(
+        torch.randn(64 * steps, 16, 32, generator=g),
+        torch.randint(0, 10, (64 * steps,), generator=g),
+    )
+    sizes: list[tuple[int, int]] = []
+
+    class Sizes(L.Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int) -> None:
+            sizes.append((trainer.global_step, len(batch[0])))
+
+    trainer = L.Trainer(
+        accelerator=ACCEL,
+        devices=1,
+        num_nodes=2,
+        strategy=lightning_rex.RexStrategy(process_group_backend="gloo"),
+        max_steps=steps,
+        callbacks=[lightning_rex.HeterogeneityEmulator([1.0, 3.0]), Sizes()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+    trainer.fit(
+        BenchModel(width=int(os.environ.get("REX_GPU_CHECK_WIDTH", 4096)), depth=8),
+        DataLoader(ds, batch_size=32, shuffle=True),
+    )
+    callbacks: list[Any] = trainer.callbacks  # type: ignore[attr-defined]
+    cb = next(c for c in callbacks if isinstance(c, lightning_rex.RexCallback))
+    return {
+        "sizes": sizes,
+        "history": cb.plan_history,
+        "records": cb.records,
+        "world": trainer.world_size,
+    }
+
+
+def check_lightning2() -> tuple[bool, str]:
+    import torch
+    from tests.helpers.dist import run_distributed
+
+    assert not torch.cuda.is_initialized(), "CUDA must not be initialised before the fork"
+    root = tempfile.mkdtemp()
+    out = run_distributed(_lightning2_rank, root, timeout=400)
+    a, b = out
+    steps_a = {s: n for s, n in a["sizes"]}
+    steps_b = {s: n for s, n in b["sizes"]}
+    agree = all(steps_a[s] + steps_b[s] == 64 for s in steps_a) and steps_a.keys() == steps_b.keys()
+    recs = a["records"]
+    first = recs[0]["median_ms"] if recs else [0.0, 0.0]
+    final = a["history"][-1][1] if a["history"] else None
+    tel = (recs[0].get("telemetry") or [None])[0] if recs else None
+    ok = (
+        a["world"] == 2
+        and agree
+        and final is not None
+        and final[0] > final[1]
+        and first[1] > 2.0 * first[0]
+        and bool(tel and tel.get("name"))
+    )
+    return ok, (
+        f"world {a['world']}, steps {len(steps_a)}, sizes sum to 64 and agree: {agree}; "
+        f"first window median ms {first}; plan history {a['history']}; "
+        f"decisions {[r['decision'] for r in recs]}; rank 0 telemetry {tel}"
+    )
+
+
+def check_nccl1() -> tuple[bool, str]:
+    import lightning as L
+    import torch
+    from tests.helpers.models import RegModel, flat_params, make_dataset, reference_train
+
+    import lightning_rex
+
+    cb = lightning_rex.RexCallback(window=5)
+    t = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        strategy=lightning_rex.RexStrategy(process_group_backend="nccl"),
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+        default_root_dir=tempfile.mkdtemp(),
+    )
+    model = RegModel()
+    ds = make_dataset(N_SAMPLES)
+    t.fit(model, torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True))
+    backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "-"
+    ref = reference_train(ds, 32, 1, epochs=2, opt="sgd", reduction="mean")
+    err = (flat_params(model.net) - ref).abs().max().item()
+    tel = (cb.records[0].get("telemetry") or [None])[0] if cb.records else None
+    ok = backend == "nccl" and err < 1e-10 and len(cb.records) >= 2
+    return ok, (
+        f"backend {backend}, steps {t.global_step}, max |param - reference| {err:.2e}, "
+        f"windows {len(cb.records)}, median ms {[r['median_ms'] for r in cb.records]}, "
+        f"telemetry {tel}"
+    )
+
+
+def run_one(name: str) -> int:
+    try:
+        ok, detail = globals()[f"check_{name}"]()
+    except Exception as exc:
+        import traceback
+
+        ok, detail = False, f"{exc!r}\n{traceback.format_exc()[-2000:]}"
+    print(json.dumps({"check": name, "ok": bool(ok), "detail": detail}), flush=True)
+    return 0 if ok else 1
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--check", choices=CHECKS, help="run one check in this process")
+    parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
+    if args.check:
+        return run_one(args.check)
+    import torch
+
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check here (the CPU paths are covered by the test suite)")
         return 0
-    print(
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}, "
-        f"{torch.cuda.device_count()} device(s)",
-        flush=True,
-    )
-    for check in (check_cuda_event_timing, check_memory_bound):
-        try:
-            check()
-        except Exception as exc:
-            report(check.__name__, False, repr(exc)[:300])
-    check_two_ranks_one_gpu()
-    try:
-        check_nccl_world_one(args.steps)
-    except Exception as exc:
-        report("nccl world size 1", False, repr(exc)[:300])
-    failed = [n for n, ok, _ in RESULTS if not ok]
-    print(f"{len(RESULTS) - len(failed)} passed, {len(failed)} failed")
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+    results = []
+    for name in CHECKS:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--check", name],
+            capture_output=True,
+            text=True,
+            timeout=480,
+        )
+        lines = [x for x in proc.stdout.splitlines() if x.startswith('{"check"')]
+        res = (
+            json.loads(lines[-1])
+            if lines
+            else {"check": name, "ok": False, "detail": (proc.stdout + proc.stderr)[-3000:]}
+        )
+        res["seconds"] = round(time.perf_counter() - t0, 1)
+        results.append(res)
+        print(
+            f"{'PASS' if res['ok'] else 'FAIL'} {name} ({res['seconds']} s): {res['detail']}",
+            flush=True,
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    failed = [r["check"] for r in results if not r["ok"]]
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 
 
