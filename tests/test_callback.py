@@ -12,7 +12,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from tests.helpers.dist import run_distributed
 from tests.helpers.models import RegModel, flat_params, make_dataset
@@ -68,7 +68,15 @@ def _emulated(rank: int, tmp: str) -> dict[str, Any]:
     # 1. a persistent 3x slowdown on rank 1, from the even plan
     sizes, cb = _Sizes(), RexCallback(window=20)
     root = f"{tmp}/slow"
-    t = _trainer(RexStrategy(), 140, [HeterogeneityEmulator([1.0, 3.0]), cb, sizes], root)
+    # a progress bar that never draws: the summary is logged only when there is a bar
+    bar = TQDMProgressBar(refresh_rate=0)
+    t = _trainer(
+        RexStrategy(),
+        140,
+        [HeterogeneityEmulator([1.0, 3.0]), cb, sizes, bar],
+        root,
+        enable_progress_bar=True,
+    )
     t.fit(BenchModel(width=128, depth=4), _bench_data(64 * 140))
     out["slow"] = {
         "history": cb.plan_history,

@@ -9,9 +9,9 @@ logic. Per optimizer step it records this rank's own compute time
    ``Controller.observe``, in a background thread that only computes (no collective ever
    leaves it);
 3. ``decision_lag`` steps later, on the training thread and at the same step on every rank,
-   all ranks exchange "decision or none" (a broadcast from rank 0) and, if there is a plan,
-   call ``strategy.set_plan(plan)`` together. Steps measured before the new plan is in force
-   are not used, so every window is measured under one plan.
+   all ranks exchange "decision or none" (one small tensor broadcast from rank 0) and, if
+   there is a plan, call ``strategy.set_plan(plan)`` together. Steps measured before the new
+   plan is in force are not used, so every window is measured under one plan.
 
 Because the exchange happens at a step fixed in advance, runs are deterministic for given
 measurements, and the order of collectives is the same on every rank.
@@ -37,7 +37,7 @@ from lightning_rex.core.controller import Controller
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.window import Window
 from lightning_rex.decision_log import DecisionLog, build_record
-from lightning_rex.gather import device_key, gather_objects, gather_rows
+from lightning_rex.gather import broadcast_row, device_key, gather_objects, gather_rows
 from lightning_rex.observer import BackgroundObserver
 from lightning_rex.resume import (
     device_rates,
@@ -347,34 +347,46 @@ class RexCallback(Callback):
 
     def _exchange(self, trainer: pl.Trainer) -> None:
         self._exchange_at = None
+        # one small tensor from rank 0: [decision?, imbalance, plan?, plan...]; rank 0 keeps
+        # the full decision for its records, the other ranks need only the plan and summary
+        n = trainer.world_size
+        message = torch.zeros(n + 3, dtype=torch.float64)
         payload: dict[str, Any] | None = None
         if self._observer is not None and self._observer.pending:
             payload = self._payload(self._observer.result())
             self._observer.clear()
-        payload = trainer.strategy.broadcast(payload, src=0)
-        if payload is None:
+            message[0], message[1] = 1.0, payload["imbalance"]
+            if payload["plan"] is not None:
+                message[2] = 1.0
+                message[3:] = torch.tensor(payload["plan"], dtype=torch.float64)
+        message = broadcast_row(trainer, message)
+        if message[0].item() == 0.0:
             return
-        self._summary = (payload["imbalance"], self.plan_changes)
-        plan = payload["plan"]
+        imbalance = float(message[1].item())
+        self._summary = (imbalance, self.plan_changes)
         effective = None
-        if plan is not None and self.adaptive:
+        if message[2].item() == 1.0 and self.adaptive:
+            plan = tuple(int(b) for b in message[3:].round().tolist())
             strategy = trainer.strategy
             assert isinstance(strategy, RexStrategy)
             effective = strategy.set_plan(plan)
             self._skip_until = effective
             self._samples, self._steps = [], []
             self.plan_changes += 1
-            self.plan_history.append((effective, tuple(plan)))
-            self._summary = (payload["imbalance"], self.plan_changes)
-        if trainer.global_rank == 0:
+            self.plan_history.append((effective, plan))
+            self._summary = (imbalance, self.plan_changes)
+        if payload is not None:
             self._record(trainer, payload, effective)
-        # the progress bar keeps the last value, so once a window is enough (and cheap)
-        module = trainer.lightning_module
-        module.log("rex_imb%", 100.0 * self._summary[0], prog_bar=True, logger=False)
-        module.log("rex_changes", float(self._summary[1]), prog_bar=True, logger=False)
+        if trainer.progress_bar_callback is not None:
+            # the progress bar keeps the last value, so once a window is enough
+            trainer.lightning_module.log_dict(
+                {"rex_imb%": 100.0 * imbalance, "rex_changes": float(self.plan_changes)},
+                prog_bar=True,
+                logger=False,
+            )
 
     def _payload(self, decision: dict[str, Any]) -> dict[str, Any]:
-        """What rank 0 broadcasts: the decision, plus a summary for every rank's progress bar."""
+        """Rank 0's view of a decision: what to apply, what to record, the summary to show."""
         assert self._pending_info is not None
         med = self._pending_info["window"].medians
         imbalance = float(med.max() / med.min() - 1.0)

@@ -14,18 +14,24 @@ import torch
 
 from lightning_rex.telemetry import GpuTelemetry
 
-__all__ = ["device_key", "gather_objects", "gather_rows"]
+__all__ = ["broadcast_row", "device_key", "gather_objects", "gather_rows"]
 
 
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def _comm_device(trainer: pl.Trainer) -> torch.device:
+    """Where collective tensors live: the rank's device for NCCL, the CPU otherwise."""
+    nccl = torch.distributed.get_backend() == "nccl"
+    return trainer.strategy.root_device if nccl else torch.device("cpu")
+
+
 def gather_rows(trainer: pl.Trainer, local: torch.Tensor) -> np.ndarray:
     """All-gather one 1-D tensor per rank into an ``(N, len)`` array, in one collective.
 
     Args:
-        trainer: The Trainer (its strategy does the all-gather; NCCL needs device tensors).
+        trainer: The Trainer (for the device NCCL needs).
         local: This rank's row; every rank passes the same length.
 
     Returns:
@@ -33,10 +39,29 @@ def gather_rows(trainer: pl.Trainer, local: torch.Tensor) -> np.ndarray:
     """
     if not _distributed():
         return local.reshape(1, -1).numpy()
-    strategy = trainer.strategy
-    nccl = torch.distributed.get_backend() == "nccl"
-    out = strategy.all_gather(local.to(strategy.root_device if nccl else torch.device("cpu")))
-    return out.reshape(trainer.world_size, -1).cpu().numpy()
+    # torch.distributed directly: no autograd wrapper (Lightning's all_gather has one), a
+    # window boundary costs one plain collective
+    mine = local.to(_comm_device(trainer))
+    rows = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(rows, mine)
+    return torch.stack(rows).cpu().numpy()
+
+
+def broadcast_row(trainer: pl.Trainer, row: torch.Tensor) -> torch.Tensor:
+    """Broadcast rank 0's 1-D tensor to every rank, in one collective.
+
+    Args:
+        trainer: The Trainer (for the device NCCL needs).
+        row: Rank 0's values; other ranks pass a tensor of the same shape and dtype.
+
+    Returns:
+        Rank 0's row, on the CPU.
+    """
+    if not _distributed():
+        return row
+    buf = row.to(_comm_device(trainer))
+    torch.distributed.broadcast(buf, src=0)
+    return buf.cpu()
 
 
 def gather_objects(trainer: pl.Trainer, obj: Any) -> list[Any]:
