@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 from lightning_rex.__main__ import main
+from lightning_rex.bench import pin_rank
 
 pytestmark = pytest.mark.distributed
 
@@ -70,3 +74,21 @@ def test_json_schema_with_static_and_adaptive_rex() -> None:
 def test_bad_arguments(argv: list[str], match: str) -> None:
     with pytest.raises(SystemExit, match=match):
         main(["bench", *argv])
+
+
+def _affinity_after_pin(q: Any, rank: int, world: int) -> None:
+    q.put((pin_rank(rank, world), sorted(os.sched_getaffinity(0))))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_pin_rank_pins_to_the_ranks_own_core() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    ctx = mp.get_context("fork")  # pin a child, never the test process
+    q = ctx.Queue()
+    for rank, world, expect in ((1, 2, [cpus[1 % len(cpus)]]), (0, len(cpus) + 1, cpus)):
+        p = ctx.Process(target=_affinity_after_pin, args=(q, rank, world))
+        p.start()
+        pinned, affinity = q.get(timeout=30)
+        p.join()
+        assert affinity == expect
+        assert pinned == (world <= len(cpus))
