@@ -156,7 +156,8 @@ class _StepTimer(L.Callback):
         if isinstance(strategy, RexStrategy) and strategy.adaptive and rex is not None:
             result["adaptive"] = True
             result["plan_history"] = [[s, list(p)] for s, p in rex.plan_history]
-            accepted = [r for r in rex.records if r["decision"] == "accept"]
+            # an accept, or a propose that refines the plan it has just validated
+            accepted = [r for r in rex.records if r["validated"]]
             first = accepted[0]["window"][0] if accepted else None
             result["first_accept_step"] = first
             result["samples_per_s_after_first_accept"] = (

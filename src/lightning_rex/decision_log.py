@@ -56,6 +56,7 @@ def build_record(
         "p_values": sig.get("p_values"),
         "verdict": "imbalanced" if sig.get("imbalanced") else "balanced",
         "decision": payload["kind"],
+        "validated": bool(d.get("validated", False)),
         "reason": d["reason"],
         "new_plan": payload["plan"] or payload["recommended"],
         "effective_step": effective_step,

@@ -23,7 +23,11 @@ States and transitions, one :meth:`Controller.observe` call per window:
   slower than the window before the change (one-sided U test, ESS corrected, and slower by
   more than ``margin``), or when it is clearly slower than the model predicted; otherwise
   **accept**. Requiring a significant improvement would reject real gains of a few percent.
-  Observations from a rolled-back plan stay in the model.
+  Observations from a rolled-back plan stay in the model. When the accepted window is itself
+  still significantly imbalanced, the controller *refines* at once: a **propose** (marked
+  ``validated``) if the model, now with the new sizes measured, predicts a plan at least
+  ``min_gain`` faster, without waiting ``persistence`` windows. Right after a change, the
+  residual imbalance is the model's error at the new sizes more likely than a transient.
 * **rolling back**: windows under the rejected plan are ignored until the old one is back.
 
 Windows measured under a plan other than the expected one are never used for decisions.
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -74,6 +78,9 @@ class Decision:
         significance: The window's imbalance test (None before any test ran).
         reason: A short human-readable explanation.
         step_end: The last step (exclusive) of the window that led to this decision.
+        validated: This window validated the plan under test as non-inferior: True for an
+            accept, and for a propose that refines a just-validated plan (see
+            :meth:`Controller.observe`).
     """
 
     kind: DecisionKind
@@ -83,6 +90,7 @@ class Decision:
     significance: ImbalanceResult | None
     reason: str
     step_end: int = 0
+    validated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, with the significance summarised."""
@@ -94,6 +102,7 @@ class Decision:
             "significance": None if self.significance is None else self.significance.to_dict(),
             "reason": self.reason,
             "step_end": self.step_end,
+            "validated": self.validated,
         }
 
 
@@ -416,7 +425,17 @@ class Controller:
         self._pending, self._previous = None, None
         self._state = "steady"
         self._reference = window.medians.tolist()
-        return decide("accept", None, f"non-inferior (x{ratio:.3f} vs before)", predicted)
+        accepted = f"non-inferior (x{ratio:.3f} vs before)"
+        if sig.imbalanced:
+            # Still significantly imbalanced under the plan just validated. Right after a
+            # change the likeliest cause is the model's error at the new sizes, which this
+            # window's observations have just corrected, not a transient straggler: refine
+            # now rather than after `persistence` more windows (cold start identifies the
+            # affine part only once a second size has been measured).
+            refined = self._propose(window, f"{accepted}; still imbalanced: refined", decide)
+            if refined.kind == "propose":
+                return replace(refined, validated=True)
+        return replace(decide("accept", None, accepted, predicted), validated=True)
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
