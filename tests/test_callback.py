@@ -126,7 +126,8 @@ def test_persistent_slowdown_gets_a_better_plan_within_a_few_windows(
     for (s0, b0), (s1, b1) in zip(r0["sizes"], r1["sizes"]):
         assert s0 == s1 and (b0, b1) == plan_at(s0)
     kinds = [r["decision"] for r in r0["records"]]
-    assert "propose" in kinds and "accept" in kinds
+    # a plan was validated: an accept, or a propose refining the plan just validated
+    assert "propose" in kinds and any(r["validated"] for r in r0["records"])
     for r in (r0, r1):  # the progress bar summary reaches every rank
         assert r["progress_bar"]["rex_changes"] == r["changes"] == len(r0["history"]) - 1
         assert r["progress_bar"]["rex_imb%"] >= 0
@@ -185,7 +186,9 @@ def _synthetic(rank: int, tmp: str) -> dict[str, Any]:
 
     # uninterrupted vs resumed, with loggers, checkpoints every 7 steps and uneven plans
     def run(ckpt: str | None, root: str) -> tuple[L.Trainer, RexCallback, RegModel]:
-        cb = RexCallback(window=6, step_time_fn=_affine)
+        # inline observation: every decision lands on its fixed exchange step, so a resumed
+        # run can be compared with an uninterrupted one step for step
+        cb = RexCallback(window=6, step_time_fn=_affine, background=False)
         ck = ModelCheckpoint(dirpath=f"{tmp}/ckpt", every_n_train_steps=7, save_top_k=-1)
         tm = ThroughputMonitor(batch_size_fn=lambda b: len(b[0]), window_size=5)
         model = RegModel(opt="adam")

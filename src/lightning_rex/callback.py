@@ -11,10 +11,14 @@ logic. Per optimizer step it records this rank's own compute time
 3. ``decision_lag`` steps later, on the training thread and at the same step on every rank,
    all ranks exchange "decision or none" (one small tensor broadcast from rank 0) and, if
    there is a plan, call ``strategy.set_plan(plan)`` together. Steps measured before the new
-   plan is in force are not used, so every window is measured under one plan.
+   plan is in force are not used, so every window is measured under one plan. A decision
+   still being computed is not waited for: the exchange says "none" and polls again
+   ``decision_lag`` steps later.
 
-Because the exchange happens at a step fixed in advance, runs are deterministic for given
-measurements, and the order of collectives is the same on every rank.
+Exchange steps are fixed in advance, so the order of collectives is the same on every rank.
+With ``background=False`` every decision is ready at its exchange and runs are deterministic
+for given measurements; with the background thread, training never stalls on the
+controller, and the step a decision lands on can vary with the host's load.
 
 With a plain ``ddp`` strategy, or ``RexStrategy(adaptive=False)``, the callback is
 monitor-only: same measurements and tests, it logs the plan it would apply and the predicted
@@ -71,9 +75,11 @@ class RexCallback(Callback):
         max_growth: A rank's size may grow to at most this factor times the largest size it
             has already run, until that memory headroom is confirmed (CUDA; > 1).
         decision_lag: Steps between a window's end and the exchange of its decision (the
-            controller computes in the background meanwhile); default ``window // 2``.
-            Must be in [1, window).
-        background: Run ``Controller.observe`` in a background thread on rank 0.
+            controller computes in the background meanwhile), and between polls for a
+            decision not ready yet; default ``window // 2``. Must be in [1, window).
+        background: Run ``Controller.observe`` in a background thread on rank 0 (training
+            never waits for it); False runs it inline at the window's end, so every
+            decision lands on a step fixed in advance (deterministic, may stall).
         seed: The controller's seed.
         log_dir: Where to write ``rex_decisions.jsonl``; default the Trainer's ``log_dir``
             (or ``default_root_dir`` without a logger).
@@ -137,7 +143,6 @@ class RexCallback(Callback):
         self._telemetry: GpuTelemetry | None = None
         self._log: DecisionLog | None = None
         self._observer: BackgroundObserver | None = None  # rank 0 only
-        self._pending_info: dict[str, Any] | None = None
         self._exchange_at: int | None = None
         self._samples: list[Any] = []  # per step: timer handle or seconds
         self._steps: list[int] = []
@@ -296,7 +301,7 @@ class RexCallback(Callback):
                 self._samples.append(handle)
                 self._steps.append(step)
         if self._exchange_at is not None and step >= self._exchange_at:
-            self._exchange(trainer)
+            self._exchange(trainer, step)
         if len(self._samples) >= self.window:
             self._close_window(trainer, step)
 
@@ -333,7 +338,7 @@ class RexCallback(Callback):
                 self._steps[-1] + 1,
             )
             samples = k * sum(self._window_plan)  # the true global count, not N x rank 0's
-            self._pending_info = {
+            info = {
                 "window": window,
                 "telemetry": telemetry,
                 "window_samples": samples,
@@ -341,32 +346,40 @@ class RexCallback(Callback):
                 "global_samples_per_s": samples / wall if wall > 0 else None,
             }
             assert self._observer is not None
-            self._observer.submit(window)
+            self._observer.submit(window, info)
         self._samples, self._steps = [], []
-        self._exchange_at = last_step + self.decision_lag
+        self._schedule_exchange(last_step + self.decision_lag)
 
-    def _exchange(self, trainer: pl.Trainer) -> None:
+    def _schedule_exchange(self, step: int) -> None:
+        self._exchange_at = step if self._exchange_at is None else min(self._exchange_at, step)
+
+    def _exchange(self, trainer: pl.Trainer, step: int) -> None:
         self._exchange_at = None
-        # one small tensor from rank 0: [decision?, imbalance, plan?, plan...]; rank 0 keeps
-        # the full decision for its records, the other ranks need only the plan and summary
+        # One small tensor from rank 0: [decisions?, imbalance, plan?, more pending?, plan...].
+        # Rank 0 sends the decisions that are ready (never waiting for one still computing)
+        # and keeps them for its records; the other ranks need only the plan and summary.
         n = trainer.world_size
-        message = torch.zeros(n + 3, dtype=torch.float64)
-        payload: dict[str, Any] | None = None
-        if self._observer is not None and self._observer.pending:
-            payload = self._payload(self._observer.result())
-            self._observer.clear()
-            message[0], message[1] = 1.0, payload["imbalance"]
-            if payload["plan"] is not None:
+        message = torch.zeros(n + 4, dtype=torch.float64)
+        ready: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        if self._observer is not None:
+            ready = [self._payload(d, info) for d, info in self._observer.take_ready()]
+            message[3] = float(self._observer.pending)
+        if ready:
+            message[0], message[1] = 1.0, ready[-1][0]["imbalance"]
+            # between two plan changes lies a window under the first: at most one has a plan
+            plans = [p["plan"] for p, _ in ready if p["plan"] is not None]
+            if plans:
                 message[2] = 1.0
-                message[3:] = torch.tensor(payload["plan"], dtype=torch.float64)
+                message[4:] = torch.tensor(plans[-1], dtype=torch.float64)
         message = broadcast_row(trainer, message)
+        if message[3].item() == 1.0:
+            self._schedule_exchange(step + self.decision_lag)  # poll again
         if message[0].item() == 0.0:
             return
         imbalance = float(message[1].item())
-        self._summary = (imbalance, self.plan_changes)
         effective = None
         if message[2].item() == 1.0 and self.adaptive:
-            plan = tuple(int(b) for b in message[3:].round().tolist())
+            plan = tuple(int(b) for b in message[4:].round().tolist())
             strategy = trainer.strategy
             assert isinstance(strategy, RexStrategy)
             effective = strategy.set_plan(plan)
@@ -374,9 +387,9 @@ class RexCallback(Callback):
             self._samples, self._steps = [], []
             self.plan_changes += 1
             self.plan_history.append((effective, plan))
-            self._summary = (imbalance, self.plan_changes)
-        if payload is not None:
-            self._record(trainer, payload, effective)
+        self._summary = (imbalance, self.plan_changes)
+        for payload, info in ready:
+            self._record(trainer, payload, info, effective if payload["plan"] else None)
         if trainer.progress_bar_callback is not None:
             # the progress bar keeps the last value, so once a window is enough
             trainer.lightning_module.log_dict(
@@ -385,33 +398,31 @@ class RexCallback(Callback):
                 logger=False,
             )
 
-    def _payload(self, decision: dict[str, Any]) -> dict[str, Any]:
+    def _payload(
+        self, decision: dict[str, Any], info: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Rank 0's view of a decision: what to apply, what to record, the summary to show."""
-        assert self._pending_info is not None
-        med = self._pending_info["window"].medians
+        med = info["window"].medians
         imbalance = float(med.max() / med.min() - 1.0)
         plan, kind = decision["plan"], decision["kind"]
         if plan is not None and not self.adaptive:
             # monitor-only: report what would be applied, and tell the core it was not
-            assert self.controller is not None
-            self.controller.decline()
-            return {
-                "kind": "recommend",
-                "plan": None,
-                "recommended": plan,
-                "decision": decision,
-                "imbalance": imbalance,
-            }
-        return {
-            "kind": kind,
-            "plan": plan,
-            "recommended": None,
-            "decision": decision,
-            "imbalance": imbalance,
-        }
+            assert self._observer is not None
+            self._observer.decline()
+            payload = {"kind": "recommend", "plan": None, "recommended": plan}
+        else:
+            payload = {"kind": kind, "plan": plan, "recommended": None}
+        payload.update(decision=decision, imbalance=imbalance)
+        return payload, info
 
-    def _record(self, trainer: pl.Trainer, payload: dict[str, Any], effective: int | None) -> None:
-        info = dict(self._pending_info or {})
+    def _record(
+        self,
+        trainer: pl.Trainer,
+        payload: dict[str, Any],
+        info: dict[str, Any],
+        effective: int | None,
+    ) -> None:
+        info = dict(info)
         record = build_record(info.pop("window"), payload, info, effective)
         record.update(plan_changes=self.plan_changes, adaptive=self.adaptive)
         self.records.append(record)
@@ -434,9 +445,10 @@ class RexCallback(Callback):
             return {}
         times = self._timer.resolve(self._samples)
         gathered = gather_rows(trainer, torch.tensor(times, dtype=torch.float64))
-        pending = None
-        if self._observer is not None and self._observer.pending:
-            pending = self._observer.result()
+        pending = [
+            {"decision": d, "info": _info_to_state(info)}
+            for d, info in (self._observer.drain() if self._observer is not None else [])
+        ]
         return {
             "world_size": trainer.world_size,
             "device_rates": (
@@ -450,15 +462,6 @@ class RexCallback(Callback):
             "window_plan": None if self._window_plan is None else list(self._window_plan),
             "exchange_at": self._exchange_at,
             "pending": pending,
-            "pending_info": None
-            if self._pending_info is None
-            else {
-                "window": window_to_state(self._pending_info["window"]),
-                **{
-                    k: self._pending_info.get(k)
-                    for k in ("global_samples_per_s", "window_samples", "window_wall_s")
-                },
-            },
             "skip_until": self._skip_until,
             "plan_changes": self.plan_changes,
             "plan_history": [[s, list(p)] for s, p in self.plan_history],
@@ -494,11 +497,16 @@ class RexCallback(Callback):
         self.plan_changes = int(s["plan_changes"])
         self.plan_history = [(int(a), tuple(int(b) for b in p)) for a, p in s["plan_history"]]
         self._summary = (float(s["summary"][0]), int(s["summary"][1]))
-        if self._observer is not None and s["pending"] is not None:
-            self._observer.restore(s["pending"])
-            info = s["pending_info"]
-            self._pending_info = {
-                **info,
-                "window": window_from_state(info["window"]),
-                "telemetry": None,
-            }
+        if self._observer is not None and s["pending"]:
+            self._observer.restore(
+                [(p["decision"], _info_from_state(p["info"])) for p in s["pending"]]
+            )
+
+
+def _info_to_state(info: dict[str, Any]) -> dict[str, Any]:
+    keys = ("global_samples_per_s", "window_samples", "window_wall_s")
+    return {"window": window_to_state(info["window"]), **{k: info.get(k) for k in keys}}
+
+
+def _info_from_state(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "window": window_from_state(state["window"]), "telemetry": None}

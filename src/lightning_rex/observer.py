@@ -1,15 +1,21 @@
 """Run ``Controller.observe`` on rank 0 without stalling training.
 
-:class:`BackgroundObserver` hands a window to the controller in one background thread that
-only computes (no collective ever leaves it) and gives the decision back, as JSON-able data,
-when the callback asks for it at the exchange step. On Linux the thread runs at the lowest
-CPU priority (per-thread nice 19): where the host CPU also trains (CPU runs, the emulated
-demo), the controller's occasional model refit then uses idle time, such as the fast rank's
-wait at the all-reduce, instead of rank 0's compute. On GPU hosts it overlaps device work.
+:class:`BackgroundObserver` hands windows to the controller in one background thread that
+only computes (no collective ever leaves it). Windows are observed in order; their decisions
+queue up, as JSON-able data, until the callback takes the ones that are ready at an exchange
+step. A decision still being computed is simply not ready: the exchange says "none" and the
+training thread never waits for the controller (an occasional hyperparameter refit takes a
+few hundred milliseconds of CPU).
+
+On Linux the thread runs at the lowest CPU priority (per-thread nice 19): where the host CPU
+also trains (CPU runs, the emulated demo), the controller then uses idle time, such as the
+fast rank's wait at the all-reduce, instead of rank 0's compute. On GPU hosts it overlaps
+device work.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import os
@@ -27,12 +33,21 @@ def _lowest_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
+def _as_dict(pending: Any) -> dict[str, Any]:
+    if isinstance(pending, concurrent.futures.Future):
+        pending = pending.result()
+    if isinstance(pending, Decision):
+        pending = pending.to_dict()
+    return dict(pending)
+
+
 class BackgroundObserver:
     """Observe windows with a controller, in a background thread or inline.
 
     Args:
         controller: The controller (rank 0's).
-        background: Use a background thread; False observes inline, on submit.
+        background: Use a background thread; False observes inline, on submit, so that
+            every decision is ready at the next exchange (deterministic timing).
     """
 
     def __init__(self, controller: Controller, background: bool = True) -> None:
@@ -44,51 +59,69 @@ class BackgroundObserver:
             if background
             else None
         )
-        self._pending: Any = None  # Future[Decision], Decision or its dict
+        # [Future[Decision] | Decision | dict, info], oldest first
+        self._queue: collections.deque[list[Any]] = collections.deque()
 
     @property
     def pending(self) -> bool:
-        """Whether a decision is waiting to be exchanged."""
-        return self._pending is not None
+        """Whether some decision has not been taken yet (ready or still computing)."""
+        return bool(self._queue)
 
-    def submit(self, window: Window) -> None:
-        """Start observing ``window``; the previous decision must have been taken.
+    def submit(self, window: Window, info: dict[str, Any]) -> None:
+        """Queue ``window`` for the controller.
 
         Args:
             window: The window to observe.
+            info: The window's extras, returned with its decision.
         """
         if self._pool is not None:
-            self._pending = self._pool.submit(self.controller.observe, window)
+            self._queue.append([self._pool.submit(self.controller.observe, window), info])
         else:
-            self._pending = self.controller.observe(window)
+            self._queue.append([self.controller.observe(window), info])
 
-    def result(self) -> dict[str, Any]:
-        """Wait for the pending decision (if still computing) and return it as a dict.
+    def take_ready(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Remove and return the decisions that are ready, oldest first, without waiting.
 
-        It stays pending until :meth:`clear`, so that a checkpoint can save it.
+        Stops at the first one still computing, so decisions are always taken in order.
 
         Returns:
-            ``Decision.to_dict()`` of the pending decision.
+            ``(Decision.to_dict(), info)`` pairs.
         """
-        pending = self._pending
-        if isinstance(pending, concurrent.futures.Future):
-            pending = pending.result()
-        if isinstance(pending, Decision):
-            pending = pending.to_dict()
-        self._pending = pending
-        return dict(pending)
+        out = []
+        while self._queue:
+            pending, info = self._queue[0]
+            if isinstance(pending, concurrent.futures.Future) and not pending.done():
+                break
+            self._queue.popleft()
+            out.append((_as_dict(pending), info))
+        return out
 
-    def restore(self, decision: dict[str, Any]) -> None:
-        """Make a decision saved in a checkpoint pending again.
+    def drain(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Wait for every queued decision and return them all, oldest first, still queued.
+
+        For checkpoints: the decisions stay until taken.
+
+        Returns:
+            ``(Decision.to_dict(), info)`` pairs.
+        """
+        for entry in self._queue:
+            entry[0] = _as_dict(entry[0])
+        return [(dict(d), info) for d, info in self._queue]
+
+    def restore(self, entries: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        """Queue decisions saved in a checkpoint again, as ready.
 
         Args:
-            decision: The dict from :meth:`result`.
+            entries: Pairs from :meth:`drain`.
         """
-        self._pending = dict(decision)
+        self._queue = collections.deque([dict(d), info] for d, info in entries)
 
-    def clear(self) -> None:
-        """Forget the pending decision (it was exchanged)."""
-        self._pending = None
+    def decline(self) -> None:
+        """Tell the controller its proposal was not applied, after the windows queued so far."""
+        if self._pool is not None:
+            self._pool.submit(self.controller.decline)
+        else:
+            self.controller.decline()
 
     def shutdown(self) -> None:
         """Stop the background thread after any running observation."""
