@@ -88,7 +88,8 @@ def _emulated(rank: int, tmp: str) -> dict[str, Any]:
     }
     # 2. a spike of one window on rank 1 of otherwise equal ranks
     cb, root = RexCallback(window=20, min_effect=0.25), f"{tmp}/spike"
-    spike = [{"ranks": [1], "start": 40, "end": 60, "factor": 3.0}]
+    # windows of 20 start after the default warm-up of 10 steps: the spike fills [50, 70)
+    spike = [{"ranks": [1], "start": 50, "end": 70, "factor": 3.0}]
     t = _trainer(RexStrategy(), 100, [HeterogeneityEmulator([1.0, 1.0], spike), cb], root)
     t.fit(BenchModel(width=128, depth=4), _bench_data(64 * 100))
     out["spike"] = {"history": cb.plan_history, "records": _records(root) if rank == 0 else None}
@@ -125,6 +126,7 @@ def test_persistent_slowdown_gets_a_better_plan_within_a_few_windows(
     plan_at = lambda s: [p for st, p in schedule if st <= s][-1]  # noqa: E731
     for (s0, b0), (s1, b1) in zip(r0["sizes"], r1["sizes"]):
         assert s0 == s1 and (b0, b1) == plan_at(s0)
+    assert r0["records"][0]["window"][0] >= 10  # the default warm-up is not measured
     kinds = [r["decision"] for r in r0["records"]]
     # a plan was validated: an accept, or a propose refining the plan just validated
     assert "propose" in kinds and any(r["validated"] for r in r0["records"])
@@ -139,8 +141,8 @@ def test_one_window_spike_changes_nothing(emulated: list[dict[str, Any]]) -> Non
     # the spike window is measured and logged (rank 1 at ~3x), and not acted on; whether its
     # own test reaches significance on 2 ranks x 20 autocorrelated steps is the core's call
     logged = {r["window"][0]: r["median_ms"] for r in spike["records"]}
-    assert logged[40][1] > 2.0 * logged[40][0]
-    assert all(m[1] < 1.8 * m[0] for start, m in logged.items() if start != 40)
+    assert logged[50][1] > 2.0 * logged[50][0]
+    assert all(m[1] < 1.8 * m[0] for start, m in logged.items() if start != 50)
     assert all(r["decision"] == "hold" for r in spike["records"])
 
 

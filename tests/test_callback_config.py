@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ({"max_micro_batch_size": 0}, "max_micro_batch_size must be >= 1 or None"),
         ({"max_growth": 1.0}, "max_growth must be > 1"),
         ({"window": 10, "decision_lag": 10}, r"decision_lag must be in \[1, window=10\)"),
+        ({"warmup": -1}, "warmup must be an integer >= 0 steps, got -1"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> None:
@@ -137,6 +138,7 @@ def test_callback_help_documents_every_argument() -> None:
         "max_growth",
         "decision_lag",
         "background",
+        "warmup",
         "seed",
         "log_dir",
         "step_time_fn",

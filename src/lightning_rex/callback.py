@@ -80,6 +80,9 @@ class RexCallback(Callback):
         background: Run ``Controller.observe`` in a background thread on rank 0 (training
             never waits for it); False runs it inline at the window's end, so every
             decision lands on a step fixed in advance (deterministic, may stall).
+        warmup: Optimizer steps at the start of a fit that are not measured (>= 0): the
+            first steps time allocator warm-up, cuDNN autotuning or ``torch.compile``, not a
+            rank's speed. Not applied again when resuming on the same world size.
         seed: The controller's seed.
         log_dir: Where to write ``rex_decisions.jsonl``; default the Trainer's ``log_dir``
             (or ``default_root_dir`` without a logger).
@@ -100,6 +103,7 @@ class RexCallback(Callback):
         max_growth: float = 2.0,
         decision_lag: int | None = None,
         background: bool = True,
+        warmup: int = 10,
         seed: int = 0,
         log_dir: str | None = None,
         step_time_fn: StepTimeFn | None = None,
@@ -119,6 +123,8 @@ class RexCallback(Callback):
         if not max_growth > 1.0:
             raise ValueError(f"max_growth must be > 1, got {max_growth}")
         lag = window // 2 if decision_lag is None else decision_lag
+        if int(warmup) != warmup or warmup < 0:
+            raise ValueError(f"warmup must be an integer >= 0 steps, got {warmup}")
         if not 1 <= lag < window:
             raise ValueError(f"decision_lag must be in [1, window={window}), got {decision_lag}")
         self.alpha, self.window, self.persistence = float(alpha), int(window), int(persistence)
@@ -129,6 +135,7 @@ class RexCallback(Callback):
             background,
         )
         self.seed, self.log_dir, self.step_time_fn = int(seed), log_dir, step_time_fn
+        self.warmup = int(warmup)
         self._reset_run_state()
         self._loaded: dict[str, Any] | None = None
 
@@ -224,9 +231,12 @@ class RexCallback(Callback):
             )
             self._log = DecisionLog(directory, trainer.loggers)
             self._observer = BackgroundObserver(self.controller, self.background)
+        resumed = self._loaded is not None and int(self._loaded.get("world_size", n)) == n
         if self._loaded is not None:
             self._restore(trainer, self._loaded)
             self._loaded = None
+        if not resumed:
+            self._skip_until = max(self._skip_until, trainer.global_step + self.warmup)
         if not self.plan_history:
             self.plan_history.append((trainer.global_step, plan))
 
