@@ -358,10 +358,11 @@ class Controller:
         return sorted(out)
 
     def _best_plan(self) -> tuple[Plan, float, float]:
-        # Refit the hyperparameters only when the data grew materially since the last fit
-        # (by half, or by 10 windows): they move slowly, and a fit dominates proposal latency.
+        # Refit the hyperparameters only once there is data to fit them to (6 windows) and
+        # then when it has doubled, or grown by 20 windows: they move slowly, and a BoTorch
+        # fit (a few hundred ms of CPU) dominates the cost of a proposal.
         n = self.model.n_obs
-        if self._fitted_at < 3 <= n or n >= min(1.5 * self._fitted_at, self._fitted_at + 10):
+        if self._fitted_at < 6 <= n or n >= min(2 * self._fitted_at, self._fitted_at + 20):
             self.model.fit_hyperparameters()
             self._fitted_at = n
         g = int(self._hi.max())
