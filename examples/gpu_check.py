@@ -233,7 +233,7 @@ def check_nccl1() -> tuple[bool, str]:
 
     import lightning_rex
 
-    cb = lightning_rex.RexCallback(window=5)
+    cb = lightning_rex.RexCallback(window=5, warmup=0)  # 14 steps: measure them all
     t = L.Trainer(
         accelerator="gpu",
         devices=1,

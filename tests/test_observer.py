@@ -56,15 +56,26 @@ def test_a_decision_still_computing_is_not_ready_and_order_is_kept() -> None:
         obs.shutdown()
 
 
-def test_decline_runs_after_the_queued_windows() -> None:
+def test_decline_runs_after_the_queued_windows_and_drain_waits_for_it() -> None:
     c = _Gated()
     obs = BackgroundObserver(c)
     obs.submit(_window(0), {})
     obs.decline()
     assert c.declined == 0  # queued behind the observation still waiting
-    c.gate.set()
-    obs.shutdown()
+    threading.Timer(0.2, c.gate.set).start()
+    obs.drain()  # a checkpoint reads the controller afterwards: every queued call has run
     assert c.declined == 1 and c.windows_seen == 1
+    obs.shutdown()
+
+
+def test_size_caps_reach_the_controller_in_the_worker_before_it_observes() -> None:
+    c = _Gated()
+    c.gate.set()
+    obs = BackgroundObserver(c)
+    obs.submit(_window(0), {}, [40, None])
+    obs.drain()
+    assert c.max_sizes == [40, None]
+    obs.shutdown()
 
 
 def test_inline_observer_is_ready_at_once() -> None:

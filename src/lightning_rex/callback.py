@@ -15,10 +15,11 @@ logic. Per optimizer step it records this rank's own compute time
    still being computed is not waited for: the exchange says "none" and polls again
    ``decision_lag`` steps later.
 
-Exchange steps are fixed in advance, so the order of collectives is the same on every rank.
-With ``background=False`` every decision is ready at its exchange and runs are deterministic
-for given measurements; with the background thread, training never stalls on the
-controller, and the step a decision lands on can vary with the host's load.
+Every exchange step is agreed by all ranks in advance (a window's end plus ``decision_lag``,
+or a poll that rank 0's previous broadcast announced), so the order of collectives is the
+same on every rank. With ``background=False`` every decision is ready at its exchange and
+runs are deterministic for given measurements; with the background thread, training never
+stalls on the controller, and the step a decision lands on can vary with the host's load.
 
 With a plain ``ddp`` strategy, or ``RexStrategy(adaptive=False)``, the callback is
 monitor-only: same measurements and tests, it logs the plan it would apply and the predicted
@@ -340,7 +341,6 @@ class RexCallback(Callback):
                 if bool((caps_arr < 0).all())
                 else [None if c < 0 else int(c) for c in caps_arr]
             )
-            self.controller.set_bounds(self.controller.min_size, caps)
             window = Window(
                 np.asarray(gathered[:, :k], dtype=np.float64),
                 self._window_plan,
@@ -356,7 +356,7 @@ class RexCallback(Callback):
                 "global_samples_per_s": samples / wall if wall > 0 else None,
             }
             assert self._observer is not None
-            self._observer.submit(window, info)
+            self._observer.submit(window, info, caps)
         self._samples, self._steps = [], []
         self._schedule_exchange(last_step + self.decision_lag)
 
@@ -398,8 +398,11 @@ class RexCallback(Callback):
             self.plan_changes += 1
             self.plan_history.append((effective, plan))
         self._summary = (imbalance, self.plan_changes)
+        changes = self.plan_changes - (effective is not None)  # before this exchange's plan
         for payload, info in ready:
-            self._record(trainer, payload, info, effective if payload["plan"] else None)
+            applied = effective if payload["plan"] is not None else None
+            changes += applied is not None
+            self._record(trainer, payload, info, applied, changes)
         if trainer.progress_bar_callback is not None:
             # the progress bar keeps the last value, so once a window is enough
             trainer.lightning_module.log_dict(
@@ -431,10 +434,11 @@ class RexCallback(Callback):
         payload: dict[str, Any],
         info: dict[str, Any],
         effective: int | None,
+        plan_changes: int,
     ) -> None:
         info = dict(info)
         record = build_record(info.pop("window"), payload, info, effective)
-        record.update(plan_changes=self.plan_changes, adaptive=self.adaptive)
+        record.update(plan_changes=plan_changes, adaptive=self.adaptive)
         self.records.append(record)
         assert self._log is not None
         self._log.write(record, step=trainer.global_step)
@@ -445,7 +449,8 @@ class RexCallback(Callback):
 
         Called on every rank when Lightning dumps a checkpoint; it gathers the partial
         window (one collective), so every rank must save checkpoints together, as Lightning
-        does.
+        does. On rank 0 it first waits for the controller's background work (at most a
+        hyperparameter fit or two), and saves the decisions not yet exchanged.
 
         Returns:
             A dictionary of plain Python values.

@@ -67,17 +67,26 @@ class BackgroundObserver:
         """Whether some decision has not been taken yet (ready or still computing)."""
         return bool(self._queue)
 
-    def submit(self, window: Window, info: dict[str, Any]) -> None:
+    def submit(
+        self, window: Window, info: dict[str, Any], max_sizes: list[int | None] | None = None
+    ) -> None:
         """Queue ``window`` for the controller.
 
         Args:
             window: The window to observe.
             info: The window's extras, returned with its decision.
+            max_sizes: Per-rank size caps measured with the window (memory); they are set
+                on the controller in the same thread, just before it observes the window.
         """
         if self._pool is not None:
-            self._queue.append([self._pool.submit(self.controller.observe, window), info])
+            future = self._pool.submit(self._observe, window, max_sizes)
+            self._queue.append([future, info])
         else:
-            self._queue.append([self.controller.observe(window), info])
+            self._queue.append([self._observe(window, max_sizes), info])
+
+    def _observe(self, window: Window, max_sizes: list[int | None] | None) -> Decision:
+        self.controller.set_bounds(self.controller.min_size, max_sizes)
+        return self.controller.observe(window)
 
     def take_ready(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Remove and return the decisions that are ready, oldest first, without waiting.
@@ -97,13 +106,17 @@ class BackgroundObserver:
         return out
 
     def drain(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """Wait for every queued decision and return them all, oldest first, still queued.
+        """Wait for all queued work, and return the queued decisions, oldest first.
 
-        For checkpoints: the decisions stay until taken.
+        For checkpoints: afterwards the background thread is idle, so the controller's state
+        can be read (declines included), and the decisions stay queued until taken. This
+        waits as long as the work left, at most a hyperparameter fit or two.
 
         Returns:
             ``(Decision.to_dict(), info)`` pairs.
         """
+        if self._pool is not None:
+            self._pool.submit(lambda: None).result()  # a barrier: one thread, FIFO
         for entry in self._queue:
             entry[0] = _as_dict(entry[0])
         return [(dict(d), info) for d, info in self._queue]

@@ -1,3 +1,4 @@
+import itertools
 import json
 
 import numpy as np
@@ -151,3 +152,19 @@ def test_decline_keeps_the_old_plan():
     assert d.kind == "propose"
     c.decline()
     assert c.plan == (128, 128, 128, 128) and c.state == "steady"
+
+
+def test_hyperparameters_are_refitted_from_6_windows_on_and_then_rarely():
+    c = Controller(512, 4, seed=0)
+    rng = np.random.default_rng(0)
+    fitted = []
+    for i in range(40):
+        # persistent changes keep proposals coming
+        slow = 1.5 if 10 <= i < 20 else (0.7 if i >= 28 else 1.0)
+        factor = np.array([1.0, 1.0, slow, 1.0])
+        before = c.model.n_fits
+        c.observe(window(c.plan, rng, 30 * i, factor=factor))
+        if c.model.n_fits != before:
+            fitted.append(c.model.n_added)
+    assert fitted and fitted[0] >= 6
+    assert all(b >= min(2 * a, a + 20) for a, b in itertools.pairwise(fitted))

@@ -23,11 +23,12 @@ States and transitions, one :meth:`Controller.observe` call per window:
   slower than the window before the change (one-sided U test, ESS corrected, and slower by
   more than ``margin``), or when it is clearly slower than the model predicted; otherwise
   **accept**. Requiring a significant improvement would reject real gains of a few percent.
-  Observations from a rolled-back plan stay in the model. When the accepted window is itself
-  still significantly imbalanced, the controller *refines* at once: a **propose** (marked
-  ``validated``) if the model, now with the new sizes measured, predicts a plan at least
-  ``min_gain`` faster, without waiting ``persistence`` windows. Right after a change, the
-  residual imbalance is the model's error at the new sizes more likely than a transient.
+  Observations from a rolled-back plan stay in the model. When the change helped and the
+  accepted window is still significantly imbalanced, the controller *refines* at once: a
+  **propose** (marked ``validated``) if the model, now with the new sizes measured, predicts
+  a plan at least ``min_gain`` faster, without waiting ``persistence`` windows. Right after
+  a change, the residual imbalance is the model's error at the new sizes more likely than a
+  transient.
 * **rolling back**: windows under the rejected plan are ignored until the old one is back.
 
 Windows measured under a plan other than the expected one are never used for decisions.
@@ -358,13 +359,15 @@ class Controller:
         return sorted(out)
 
     def _best_plan(self) -> tuple[Plan, float, float]:
-        # Refit the hyperparameters only once there is data to fit them to (6 windows) and
-        # then when it has doubled, or grown by 20 windows: they move slowly, and a BoTorch
-        # fit (a few hundred ms of CPU) dominates the cost of a proposal.
-        n = self.model.n_obs
-        if self._fitted_at < 6 <= n or n >= min(2 * self._fitted_at, self._fitted_at + 20):
+        # Refit the hyperparameters only once there is data to fit them to (6 windows held)
+        # and then when the windows seen since have doubled, or grown by 20: they move
+        # slowly, and a BoTorch fit (a few hundred ms of CPU) dominates a proposal's cost.
+        added, f = self.model.n_added, self._fitted_at
+        if self.model.n_obs >= 6 and (f < 0 or added >= min(2 * f, f + 20)):
+            fits = self.model.n_fits
             self.model.fit_hyperparameters()
-            self._fitted_at = n
+            if self.model.n_fits != fits:  # it ran (it skips data with one size per rank)
+                self._fitted_at = added
         g = int(self._hi.max())
         sizes = np.arange(1, g + 1)
         mean, sd = self.model.predict_grid(sizes)
@@ -427,12 +430,14 @@ class Controller:
         self._state = "steady"
         self._reference = window.medians.tolist()
         accepted = f"non-inferior (x{ratio:.3f} vs before)"
-        if sig.imbalanced:
-            # Still significantly imbalanced under the plan just validated. Right after a
-            # change the likeliest cause is the model's error at the new sizes, which this
-            # window's observations have just corrected, not a transient straggler: refine
-            # now rather than after `persistence` more windows (cold start identifies the
-            # affine part only once a second size has been measured).
+        if sig.imbalanced and ratio < 1.0:
+            # The change helped, and the plan just validated is still significantly
+            # imbalanced. Right after a change the likeliest cause is the model's error at
+            # the new sizes, which this window's observations have just corrected, not a
+            # transient straggler: refine now rather than after `persistence` more windows
+            # (cold start identifies the affine part only once a second size is measured).
+            # A change that did not help ends the chain: no drift through plans that are
+            # each within the non-inferiority margin of the one before.
             refined = self._propose(window, f"{accepted}; still imbalanced: refined", decide)
             if refined.kind == "propose":
                 return replace(refined, validated=True)
