@@ -41,14 +41,15 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning_rex.core.controller import Controller
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.window import Window
-from lightning_rex.decision_log import DecisionLog, build_record
+from lightning_rex.decision_log import DecisionLog, build_record, decision_payload
+from lightning_rex.exchange import ExchangeMessage
 from lightning_rex.gather import broadcast_row, device_key, gather_objects, gather_rows
 from lightning_rex.observer import BackgroundObserver
 from lightning_rex.resume import (
     device_rates,
+    info_from_state,
+    info_to_state,
     plan_from_device_rates,
-    window_from_state,
-    window_to_state,
 )
 from lightning_rex.strategy import RexStrategy
 from lightning_rex.telemetry import GpuTelemetry, MemoryBound
@@ -161,7 +162,6 @@ class RexCallback(Callback):
         self._step_ok = True
         self._step_t0 = 0.0
         self._micro_sizes: list[int] = []
-        self._summary = (0.0, 0)
         self._static_plan: Plan = ()
         self._device_keys: list[str] = []
         self._trainer_ref: pl.Trainer | None = None
@@ -199,16 +199,13 @@ class RexCallback(Callback):
                 trainer, device_key(trainer.strategy.root_device, self._telemetry)
             )
         ]
-        if (
-            self._loaded is not None
-            and int(self._loaded.get("world_size", n)) != n
-            and isinstance(strategy, RexStrategy)
-            and self.adaptive
-        ):
+        loaded = self._loaded
+        other_world = loaded is not None and int(loaded.get("world_size", n)) != n
+        if other_world and isinstance(strategy, RexStrategy) and self.adaptive:
             # resumed on another world size: B is batch_size x the new N (the sampler did
             # that); the plan comes from the rates measured per device type, if all are known
             from_rates = plan_from_device_rates(
-                self._loaded.get("device_rates", {}), self._device_keys, sum(plan), min_size
+                (loaded or {}).get("device_rates", {}), self._device_keys, sum(plan), min_size
             )
             if from_rates is not None and from_rates != plan:
                 self._skip_until = strategy.set_plan(from_rates)
@@ -232,11 +229,10 @@ class RexCallback(Callback):
             )
             self._log = DecisionLog(directory, trainer.loggers)
             self._observer = BackgroundObserver(self.controller, self.background)
-        resumed = self._loaded is not None and int(self._loaded.get("world_size", n)) == n
-        if self._loaded is not None:
-            self._restore(trainer, self._loaded)
+        if loaded is not None:
+            self._restore(trainer, loaded)
             self._loaded = None
-        if not resumed:
+        if loaded is None or other_world:  # a fresh start, not a same-size resume
             self._skip_until = max(self._skip_until, trainer.global_step + self.warmup)
         if not self.plan_history:
             self.plan_history.append((trainer.global_step, plan))
@@ -365,39 +361,33 @@ class RexCallback(Callback):
 
     def _exchange(self, trainer: pl.Trainer, step: int) -> None:
         self._exchange_at = None
-        # One small tensor from rank 0: [decisions?, imbalance, plan?, more pending?, plan...].
-        # Rank 0 sends the decisions that are ready (never waiting for one still computing)
-        # and keeps them for its records; the other ranks need only the plan and summary.
-        n = trainer.world_size
-        message = torch.zeros(n + 4, dtype=torch.float64)
+        # rank 0 sends the decisions that are ready (never waiting for one still computing)
+        # and keeps them for its records
         ready: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        mine = ExchangeMessage()
         if self._observer is not None:
             ready = [self._payload(d, info) for d, info in self._observer.take_ready()]
-            message[3] = float(self._observer.pending)
-        if ready:
-            message[0], message[1] = 1.0, ready[-1][0]["imbalance"]
-            # between two plan changes lies a window under the first: at most one has a plan
-            plans = [p["plan"] for p, _ in ready if p["plan"] is not None]
-            if plans:
-                message[2] = 1.0
-                message[4:] = torch.tensor(plans[-1], dtype=torch.float64)
-        message = broadcast_row(trainer, message)
-        if message[3].item() == 1.0:
+            mine = ExchangeMessage.from_ready(
+                [p["imbalance"] for p, _ in ready],
+                [p["plan"] for p, _ in ready],
+                self._observer.pending,
+            )
+        n = trainer.world_size
+        message = ExchangeMessage.from_tensor(broadcast_row(trainer, mine.to_tensor(n)))
+        if message.more_pending:
             self._schedule_exchange(step + self.decision_lag)  # poll again
-        if message[0].item() == 0.0:
+        if not message.decided:
             return
-        imbalance = float(message[1].item())
+        imbalance = message.imbalance
         effective = None
-        if message[2].item() == 1.0 and self.adaptive:
-            plan = tuple(int(b) for b in message[4:].round().tolist())
+        if message.plan is not None and self.adaptive:
             strategy = trainer.strategy
             assert isinstance(strategy, RexStrategy)
-            effective = strategy.set_plan(plan)
+            effective = strategy.set_plan(message.plan)
             self._skip_until = effective
             self._samples, self._steps = [], []
             self.plan_changes += 1
-            self.plan_history.append((effective, plan))
-        self._summary = (imbalance, self.plan_changes)
+            self.plan_history.append((effective, message.plan))
         changes = self.plan_changes - (effective is not None)  # before this exchange's plan
         for payload, info in ready:
             applied = effective if payload["plan"] is not None else None
@@ -414,18 +404,10 @@ class RexCallback(Callback):
     def _payload(
         self, decision: dict[str, Any], info: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Rank 0's view of a decision: what to apply, what to record, the summary to show."""
-        med = info["window"].medians
-        imbalance = float(med.max() / med.min() - 1.0)
-        plan, kind = decision["plan"], decision["kind"]
-        if plan is not None and not self.adaptive:
-            # monitor-only: report what would be applied, and tell the core it was not
+        payload = decision_payload(decision, info["window"], self.adaptive)
+        if payload["kind"] == "recommend":  # monitor-only: tell the core it was not applied
             assert self._observer is not None
             self._observer.decline()
-            payload = {"kind": "recommend", "plan": None, "recommended": plan}
-        else:
-            payload = {"kind": kind, "plan": plan, "recommended": None}
-        payload.update(decision=decision, imbalance=imbalance)
         return payload, info
 
     def _record(
@@ -461,7 +443,7 @@ class RexCallback(Callback):
         times = self._timer.resolve(self._samples)
         gathered = gather_rows(trainer, torch.tensor(times, dtype=torch.float64))
         pending = [
-            {"decision": d, "info": _info_to_state(info)}
+            {"decision": d, "info": info_to_state(info)}
             for d, info in (self._observer.drain() if self._observer is not None else [])
         ]
         return {
@@ -480,7 +462,6 @@ class RexCallback(Callback):
             "skip_until": self._skip_until,
             "plan_changes": self.plan_changes,
             "plan_history": [[s, list(p)] for s, p in self.plan_history],
-            "summary": list(self._summary),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -511,17 +492,7 @@ class RexCallback(Callback):
         self._skip_until = int(s["skip_until"])
         self.plan_changes = int(s["plan_changes"])
         self.plan_history = [(int(a), tuple(int(b) for b in p)) for a, p in s["plan_history"]]
-        self._summary = (float(s["summary"][0]), int(s["summary"][1]))
         if self._observer is not None and s["pending"]:
             self._observer.restore(
-                [(p["decision"], _info_from_state(p["info"])) for p in s["pending"]]
+                [(p["decision"], info_from_state(p["info"])) for p in s["pending"]]
             )
-
-
-def _info_to_state(info: dict[str, Any]) -> dict[str, Any]:
-    keys = ("global_samples_per_s", "window_samples", "window_wall_s")
-    return {"window": window_to_state(info["window"]), **{k: info.get(k) for k in keys}}
-
-
-def _info_from_state(state: dict[str, Any]) -> dict[str, Any]:
-    return {**state, "window": window_from_state(state["window"]), "telemetry": None}

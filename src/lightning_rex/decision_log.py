@@ -18,13 +18,38 @@ from typing import Any
 from lightning_rex.core.window import Window
 from lightning_rex.telemetry import throttled
 
-__all__ = ["DECISION_CODES", "DecisionLog", "build_record", "window_metrics"]
+__all__ = ["DECISION_CODES", "DecisionLog", "build_record", "decision_payload", "window_metrics"]
 
 DECISION_CODES = {"hold": 0, "propose": 1, "accept": 2, "rollback": 3, "recommend": 4}
 
 
 def _ms(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else 1000.0 * value
+
+
+def decision_payload(decision: dict[str, Any], window: Window, adaptive: bool) -> dict[str, Any]:
+    """Rank 0's view of a decision: what to apply, what to record, the summary to show.
+
+    Args:
+        decision: ``Decision.to_dict()``.
+        window: The window it was made on.
+        adaptive: Whether plans are applied; otherwise a proposal becomes a ``recommend``
+            (monitor-only), with its plan under ``recommended``.
+
+    Returns:
+        ``kind``, ``plan`` (to apply, or None), ``recommended``, ``decision`` and
+        ``imbalance`` (the window's max/min median ratio minus one).
+    """
+    med = window.medians
+    plan, kind = decision["plan"], decision["kind"]
+    recommend = plan is not None and not adaptive
+    return {
+        "kind": "recommend" if recommend else kind,
+        "plan": None if recommend else plan,
+        "recommended": plan if recommend else None,
+        "decision": decision,
+        "imbalance": float(med.max() / med.min() - 1.0),
+    }
 
 
 def build_record(

@@ -16,7 +16,14 @@ from lightning_rex.core.plan import Plan
 from lightning_rex.core.planner import affine_plan
 from lightning_rex.core.window import Window
 
-__all__ = ["device_rates", "plan_from_device_rates", "window_from_state", "window_to_state"]
+__all__ = [
+    "device_rates",
+    "info_from_state",
+    "info_to_state",
+    "plan_from_device_rates",
+    "window_from_state",
+    "window_to_state",
+]
 
 
 def window_to_state(w: Window) -> dict[str, Any]:
@@ -47,6 +54,31 @@ def window_from_state(d: dict[str, Any]) -> Window:
     """
     times = np.asarray(d["times"], dtype=np.float64)
     return Window(times, tuple(int(b) for b in d["plan"]), int(d["start"]), int(d["end"]))
+
+
+def info_to_state(info: dict[str, Any]) -> dict[str, Any]:
+    """A window's extras (a decision not yet exchanged) as JSON-able data.
+
+    Args:
+        info: ``window`` plus the window's throughput figures; telemetry is not kept.
+
+    Returns:
+        A dictionary for :func:`info_from_state`.
+    """
+    keys = ("global_samples_per_s", "window_samples", "window_wall_s")
+    return {"window": window_to_state(info["window"]), **{k: info.get(k) for k in keys}}
+
+
+def info_from_state(state: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`info_to_state` (telemetry comes back as None).
+
+    Args:
+        state: A dictionary from :func:`info_to_state`.
+
+    Returns:
+        The window's extras.
+    """
+    return {**state, "window": window_from_state(state["window"]), "telemetry": None}
 
 
 def device_rates(keys: list[str], summary: dict[str, list[float]]) -> dict[str, list[float]]:
