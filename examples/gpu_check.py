@@ -46,7 +46,7 @@ ACCEL = os.environ.get("REX_GPU_CHECK_ACCEL", "gpu")
 def check_events() -> tuple[bool, str]:
     import torch
 
-    from lightning_rex.timing import ComputeTimer
+    from lightning_rex.measure.timing import ComputeTimer
 
     dev = torch.device("cuda", 0)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -80,7 +80,7 @@ def check_events() -> tuple[bool, str]:
 def check_memory() -> tuple[bool, str]:
     import torch
 
-    from lightning_rex.telemetry import GpuTelemetry, MemoryBound
+    from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound
 
     dev = torch.device("cuda", 0)
     net = torch.nn.Sequential(
@@ -116,8 +116,8 @@ def _gloo2_rank(rank: int) -> Any:
     from tests.helpers.models import flat_params, make_dataset, make_net
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lightning_rex.sampler import UnevenBatchSampler
-    from lightning_rex.weighting import loss_scale
+    from lightning_rex.data.sampler import UnevenBatchSampler
+    from lightning_rex.data.weighting import loss_scale
 
     dist.init_process_group("gloo")
     dev = torch.device("cuda", 0)
@@ -148,12 +148,12 @@ def check_gloo2() -> tuple[bool, str]:
 
 
 def _lightning2_rank(rank: int, root: str) -> Any:
-    import lightning as L
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
+    import lightning as L
     import lightning_rex
-    from lightning_rex.bench import BenchModel
+    from lightning_rex.tools.bench import BenchModel
 
     # two "nodes" of one GPU each, both on cuda:0: the stock launcher environment
     os.environ.update(LOCAL_RANK="0", NODE_RANK=str(rank), LOCAL_WORLD_SIZE="1")
@@ -227,10 +227,10 @@ def check_lightning2() -> tuple[bool, str]:
 
 
 def check_nccl1() -> tuple[bool, str]:
-    import lightning as L
     import torch
     from tests.helpers.models import RegModel, flat_params, make_dataset, reference_train
 
+    import lightning as L
     import lightning_rex
 
     cb = lightning_rex.RexCallback(window=5, warmup=0)  # 14 steps: measure them all

@@ -4,12 +4,12 @@ python examples/train.py fit --config examples/config.yaml
 python examples/train.py fit --trainer.strategy=rex --trainer.devices=2 --trainer.accelerator=cpu
 """
 
-import lightning as L
 import torch
 from lightning.pytorch.cli import LightningCLI
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import lightning as L
 import lightning_rex  # noqa: F401  (registers "rex", "rex_spawn", "rex_fork")
 
 

@@ -8,12 +8,12 @@
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_rex.__about__ import __version__
-from lightning_rex.callback import RexCallback
 from lightning_rex.core.plan import Plan, even_plan, round_fractions, validate_plan
-from lightning_rex.emulator import HeterogeneityEmulator
-from lightning_rex.loader import RexDataLoader
-from lightning_rex.sampler import UnevenBatchSampler
-from lightning_rex.strategy import RexStrategy
+from lightning_rex.data.loader import RexDataLoader
+from lightning_rex.data.sampler import UnevenBatchSampler
+from lightning_rex.lightning.callback import RexCallback
+from lightning_rex.lightning.strategy import RexStrategy
+from lightning_rex.tools.emulator import HeterogeneityEmulator
 
 RexStrategy.register_strategies(StrategyRegistry)
 

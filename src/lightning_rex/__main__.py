@@ -17,8 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The configured :class:`argparse.ArgumentParser`.
     """
-    from lightning_rex import bench
     from lightning_rex.sim import cli as sim_cli
+    from lightning_rex.tools import bench
 
     parser = argparse.ArgumentParser(
         prog="python -m lightning_rex",

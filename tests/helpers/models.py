@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning as L
 
 IN = 6
 
@@ -116,3 +117,13 @@ def reference_train(
                 optimizer.step()
                 optimizer.zero_grad()
     return flat_params(net)
+
+
+class CliModel(RegModel):
+    """A RegModel with its own train loader, for LightningCLI tests (no init arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(make_dataset(64), batch_size=16)

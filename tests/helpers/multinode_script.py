@@ -3,11 +3,11 @@
 import json
 import sys
 
-import lightning as L
 import torch
 from tests.helpers.models import RegModel, make_dataset
 from torch.utils.data import DataLoader
 
+import lightning as L
 from lightning_rex import RexStrategy
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from tests.helpers.dist import run_distributed
@@ -21,6 +20,7 @@ from tests.helpers.models import (
 )
 from tests.helpers.trainer import quiet_trainer
 
+import lightning as L
 from lightning_rex import RexStrategy
 
 pytestmark = pytest.mark.distributed

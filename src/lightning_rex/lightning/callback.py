@@ -2,7 +2,7 @@
 
 The callback is a driver of :class:`lightning_rex.core.Controller`; it holds no controller
 logic. Per optimizer step it records this rank's own compute time
-(:class:`~lightning_rex.timing.ComputeTimer`). Every ``window`` steps:
+(:class:`~lightning_rex.measure.timing.ComputeTimer`). Every ``window`` steps:
 
 1. all ranks gather their samples (and their memory bound) in **one** collective;
 2. rank 0 builds a :class:`~lightning_rex.core.window.Window` and hands it to
@@ -41,19 +41,24 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning_rex.core.controller import Controller
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.window import Window
-from lightning_rex.decision_log import DecisionLog, build_record, decision_payload
-from lightning_rex.exchange import ExchangeMessage
-from lightning_rex.gather import broadcast_row, device_key, gather_objects, gather_rows
-from lightning_rex.observer import BackgroundObserver
-from lightning_rex.resume import (
+from lightning_rex.driver.exchange import ExchangeMessage
+from lightning_rex.driver.observer import BackgroundObserver
+from lightning_rex.driver.records import DecisionLog, build_record, decision_payload
+from lightning_rex.driver.state import (
     device_rates,
     info_from_state,
     info_to_state,
     plan_from_device_rates,
 )
-from lightning_rex.strategy import RexStrategy
-from lightning_rex.telemetry import GpuTelemetry, MemoryBound
-from lightning_rex.timing import ComputeTimer
+from lightning_rex.lightning.collectives import (
+    broadcast_row,
+    device_key,
+    gather_objects,
+    gather_rows,
+)
+from lightning_rex.lightning.strategy import RexStrategy
+from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound
+from lightning_rex.measure.timing import ComputeTimer
 
 __all__ = ["RexCallback"]
 

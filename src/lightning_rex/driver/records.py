@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_rex.core.window import Window
-from lightning_rex.telemetry import throttled
+from lightning_rex.measure.telemetry import throttled
 
 __all__ = ["DECISION_CODES", "DecisionLog", "build_record", "decision_payload", "window_metrics"]
 

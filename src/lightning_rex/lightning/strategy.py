@@ -3,9 +3,9 @@
 The user's script does not change. Its train DataLoader keeps its per-rank ``batch_size``;
 the global batch is ``B = batch_size x world_size`` exactly as under ``ddp``, and REX splits
 that same ``B`` unevenly according to a *plan*. The strategy swaps an
-:class:`~lightning_rex.sampler.UnevenBatchSampler` into the train loader by itself, scales each
+:class:`~lightning_rex.data.sampler.UnevenBatchSampler` into the train loader by itself, scales each
 rank's loss so that DDP's averaging all-reduce yields the exact global-batch gradient (see
-:mod:`lightning_rex.weighting`), and weights ``self.log(..., sync_dist=True)`` step values by
+:mod:`lightning_rex.data.weighting`), and weights ``self.log(..., sync_dist=True)`` step values by
 the plan. Validation, test and predict loaders behave as under ``ddp``.
 """
 
@@ -22,8 +22,8 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_rex.core.plan import Plan, even_plan, round_fractions, validate_plan
-from lightning_rex.loader import RexDataLoader, build_rex_loader
-from lightning_rex.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
+from lightning_rex.data.loader import RexDataLoader, build_rex_loader
+from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -178,7 +178,7 @@ class RexStrategy(DDPStrategy):
         module = self.lightning_module
         trainer = module._trainer if module is not None else None
         if self.adaptive and trainer is not None:
-            from lightning_rex.callback import RexCallback
+            from lightning_rex.lightning.callback import RexCallback
 
             callbacks = trainer.callbacks  # type: ignore[attr-defined]
             if not any(isinstance(c, RexCallback) for c in callbacks):
@@ -229,7 +229,7 @@ class RexStrategy(DDPStrategy):
             dataloader: The loader after Lightning injected its DistributedSampler.
 
         Returns:
-            A :class:`~lightning_rex.loader.RexDataLoader` for training, else ``dataloader``.
+            A :class:`~lightning_rex.data.loader.RexDataLoader` for training, else ``dataloader``.
         """
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or trainer.state.stage != RunningStage.TRAINING:

@@ -7,19 +7,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch.cli import LightningCLI
-from tests.helpers.models import make_dataset
+from tests.helpers.models import CliModel, make_dataset
 from tests.helpers.trainer import quiet_trainer
-from tests.test_strategy_config import _CliModel
 
+import lightning as L
 from lightning_rex import RexCallback, RexStrategy
-from lightning_rex.decision_log import window_metrics
-from lightning_rex.telemetry import GpuTelemetry, MemoryBound, throttled
+from lightning_rex.driver.records import window_metrics
+from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound, throttled
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -55,7 +54,7 @@ def test_rex_attaches_a_default_callback_and_adaptive_false_does_not() -> None:
             max_steps=2,
             callbacks=callbacks,
         )
-        t.fit(_CliModel(), torch.utils.data.DataLoader(make_dataset(64), batch_size=16))
+        t.fit(CliModel(), torch.utils.data.DataLoader(make_dataset(64), batch_size=16))
         return t
 
     t = fit(RexStrategy(), [])
@@ -72,7 +71,7 @@ def test_rex_attaches_a_default_callback_and_adaptive_false_does_not() -> None:
 def test_cli_flags_and_append() -> None:
     # the command line: a bare strategy class path, the callback appended with a flag
     cli = LightningCLI(
-        _CliModel,
+        CliModel,
         run=False,
         save_config_callback=None,
         args=[
@@ -97,7 +96,7 @@ def test_cli_yaml(tmp_path: Path) -> None:
         "  callbacks:\n    - class_path: lightning_rex.RexCallback\n      init_args:\n"
         "        alpha: 0.05\n        persistence: 3\n        max_micro_batch_size: 50\n"
     )
-    cli = LightningCLI(_CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
+    cli = LightningCLI(CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
     cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
     assert (cb.alpha, cb.persistence, cb.max_micro_batch_size) == (0.05, 3, 50)
 
@@ -105,7 +104,7 @@ def test_cli_yaml(tmp_path: Path) -> None:
 def test_cli_bad_value_is_a_clear_error() -> None:
     with pytest.raises((ValueError, SystemExit)):
         LightningCLI(
-            _CliModel,
+            CliModel,
             run=False,
             save_config_callback=None,
             args=[

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.dist import free_port
 
 pytestmark = pytest.mark.distributed
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_torchrun_two_nodes_train_with_an_uneven_plan(tmp_path: Path) -> None:

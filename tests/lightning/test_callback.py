@@ -9,7 +9,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor, TQDMProgressBar
@@ -19,8 +18,9 @@ from tests.helpers.models import RegModel, flat_params, make_dataset
 from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
+import lightning as L
 from lightning_rex import HeterogeneityEmulator, RexCallback, RexStrategy
-from lightning_rex.bench import BenchModel
+from lightning_rex.tools.bench import BenchModel
 
 pytestmark = pytest.mark.distributed
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
-from tests.helpers.models import RegModel, make_dataset
+from tests.helpers.models import CliModel, RegModel, make_dataset
 from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
 
+import lightning as L
 import lightning_rex
 from lightning_rex import RexStrategy
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize(
@@ -168,16 +168,8 @@ def test_val_loader_is_left_as_under_ddp() -> None:
 
 
 # ---------------------------------------------------------------- LightningCLI
-class _CliModel(RegModel):
-    def __init__(self) -> None:
-        super().__init__()
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(make_dataset(64), batch_size=16)
-
-
 def _cli(args: list[str]) -> LightningCLI:
-    return LightningCLI(_CliModel, run=False, args=args, save_config_callback=None)
+    return LightningCLI(CliModel, run=False, args=args, save_config_callback=None)
 
 
 def test_cli_short_name_after_import() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lightning_rex.__main__ import main
-from lightning_rex.bench import pin_rank
+from lightning_rex.tools.bench import pin_rank
 
 pytestmark = pytest.mark.distributed
 

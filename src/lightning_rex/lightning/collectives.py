@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from lightning_rex.telemetry import GpuTelemetry
+from lightning_rex.measure.telemetry import GpuTelemetry
 
 __all__ = ["broadcast_row", "device_key", "gather_objects", "gather_rows"]
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from lightning_rex.core.controller import Controller, Decision
 from lightning_rex.core.window import Window
-from lightning_rex.observer import BackgroundObserver
+from lightning_rex.driver.observer import BackgroundObserver
 
 
 class _Gated(Controller):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightning_rex.exchange import ExchangeMessage
+from lightning_rex.driver.exchange import ExchangeMessage
 
 
 def test_round_trip_with_and_without_a_plan() -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
+import lightning as L
 from lightning_rex import HeterogeneityEmulator
-from lightning_rex.bench import BenchModel
+from lightning_rex.tools.bench import BenchModel
 
 
 def test_factor_combines_slowdown_and_active_events() -> None:

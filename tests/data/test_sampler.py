@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DistributedSampler
 
 from lightning_rex.core.plan import even_plan
-from lightning_rex.sampler import UnevenBatchSampler
+from lightning_rex.data.sampler import UnevenBatchSampler
 
 
 def _random_plan(rng: random.Random, total: int, n: int) -> tuple[int, ...]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -20,6 +19,7 @@ from tests.helpers.models import (
 from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader
 
+import lightning as L
 from lightning_rex import RexStrategy
 
 pytestmark = pytest.mark.distributed

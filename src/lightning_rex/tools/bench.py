@@ -4,7 +4,7 @@ Every strategy runs in turn, in one invocation, on the same model and data, ``--
 times, interleaved (in reverse order on odd repeats), so that the ratios compare runs
 measured under the same machine load.
 Each run is a real 2-process Lightning fit with the fork start method (Lightning's own
-launcher), with the :class:`~lightning_rex.emulator.HeterogeneityEmulator` slowing ranks down.
+launcher), with the :class:`~lightning_rex.tools.emulator.HeterogeneityEmulator` slowing ranks down.
 
 The model is compute-bound: a weight-tied deep MLP (one ``width x width`` layer applied
 ``depth`` times to each of a sample's ``tokens`` feature vectors, then mean-pooled), so it
@@ -32,15 +32,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_rex.callback import RexCallback
+import lightning as L
 from lightning_rex.core.plan import round_fractions
-from lightning_rex.emulator import HeterogeneityEmulator
-from lightning_rex.strategy import RexStrategy
+from lightning_rex.lightning.callback import RexCallback
+from lightning_rex.lightning.strategy import RexStrategy
+from lightning_rex.tools.emulator import HeterogeneityEmulator
 
 __all__ = ["BenchModel", "add_parser", "main", "run_benchmark"]
 

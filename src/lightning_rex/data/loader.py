@@ -16,7 +16,7 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from lightning_rex.core.plan import Plan
-from lightning_rex.sampler import UnevenBatchSampler
+from lightning_rex.data.sampler import UnevenBatchSampler
 
 __all__ = ["RexDataLoader", "build_rex_loader"]
 

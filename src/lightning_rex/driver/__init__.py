@@ -1,0 +1,1 @@
+"""The framework-free window loop shared by training and the simulator."""

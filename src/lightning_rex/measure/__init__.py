@@ -1,0 +1,1 @@
+"""Per-rank measurement: each rank's own compute time, NVML telemetry, the memory bound."""

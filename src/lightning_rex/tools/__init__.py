@@ -1,0 +1,1 @@
+"""Tools around training: the heterogeneity emulator and the real-run benchmark."""
