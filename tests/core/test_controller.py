@@ -1,5 +1,6 @@
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -90,10 +91,58 @@ def test_rollback_keeps_observations_and_restores_plan():
     assert c.state == "steady"
 
 
-def test_unexpected_plan_is_ignored():
-    c = Controller(512, 4)
-    d = c.observe(window((100, 100, 100, 212), np.random.default_rng(0), 0))
-    assert d.kind == "hold" and "unexpected" in d.reason
+def test_a_plan_set_outside_the_controller_is_adopted_and_monitoring_goes_on():
+    c = Controller(512, 4, seed=0)
+    rng = np.random.default_rng(0)
+    manual = (200, 150, 81, 81)  # rank 0 (the slowest) is now far too big
+    d = c.observe(window(manual, rng, 0))
+    assert d.kind == "hold" and "adopted" in d.reason and c.plan == manual
+    # the next windows under the user's plan are tested as usual, and acted on
+    ds = drive(c, rng, 3, start=30)
+    assert ds[0].kind == "propose" and ds[0].plan[0] < manual[0]
+
+
+def test_a_manual_plan_during_validation_or_rollback_is_adopted():
+    c = Controller(512, 4, seed=0)
+    rng = np.random.default_rng(0)
+    assert c.observe(window(c.plan, rng, 0)).kind == "propose"
+    manual = (64, 128, 160, 160)
+    d = c.observe(window(manual, rng, 30))
+    assert "adopted" in d.reason and c.state == "steady" and c.plan == manual
+
+
+def test_check_state_names_the_field():
+    c = Controller(512, 4, seed=0)
+    drive(c, np.random.default_rng(0), 3)
+    good = json.loads(json.dumps(c.state_dict()))
+    Controller.check_state(good, 512, 4)
+    cases = {
+        "controller.min_size": lambda d: d.pop("min_size"),
+        "controller.plan": lambda d: d.__setitem__("plan", [128, 128, 128]),
+        "controller.state": lambda d: d.__setitem__("state", "dancing"),
+        "controller.recent[0][1]": lambda d: d["recent"][0][1].pop(),
+        "controller.model.medians": lambda d: d["model"]["medians"].pop(),
+        "controller.model.cutoff": lambda d: d["model"].__setitem__("cutoff", [0]),
+    }
+    for name, tamper in cases.items():
+        bad = json.loads(json.dumps(good))
+        tamper(bad)
+        with pytest.raises(ValueError, match=re.escape(name)):
+            Controller(512, 4).load_state_dict(bad)
+    with pytest.raises(ValueError, match=r"controller.plan must sum to the global batch B=512"):
+        bad = json.loads(json.dumps(good))
+        bad["plan"] = [128, 128, 128, 129]
+        Controller.check_state(bad, 512, 4)
+    with pytest.raises(ValueError, match="controller must be a mapping"):
+        Controller.check_state([1, 2], 512, 4)
+
+
+def test_decisions_round_trip_through_dicts():
+    c = Controller(512, 4, seed=0)
+    for d in drive(c, np.random.default_rng(0), 4):
+        assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+    with pytest.raises(ValueError, match="decision.kind"):
+        Decision.from_dict({**d.to_dict(), "kind": "maybe"})
 
 
 def test_set_bounds_is_respected_by_the_next_proposal():

@@ -31,7 +31,10 @@ States and transitions, one :meth:`Controller.observe` call per window:
   transient.
 * **rolling back**: windows under the rejected plan are ignored until the old one is back.
 
-Windows measured under a plan other than the expected one are never used for decisions.
+* **adopting**: a window measured under a plan the controller neither expects nor is waiting
+  for (a user's own ``set_plan``) means the plan was changed outside it. The controller takes
+  that plan as the one in force, drops any validation or rollback in progress, and keeps
+  monitoring from there (**hold**); the window still teaches the model.
 Bounds (``min_size``, per-rank memory caps) can change at run time with
 :meth:`Controller.set_bounds`; when the plan in force breaks them, the next window yields a
 proposal that respects them. Everything is deterministic for a seed, and
@@ -58,6 +61,16 @@ from lightning_rex.core.significance import (
     ending_p_value,
     imbalance_test,
 )
+from lightning_rex.core.state import (
+    StateError,
+    field,
+    float_list,
+    int_list,
+    matrix,
+    optional,
+    real,
+    whole,
+)
 from lightning_rex.core.window import Window
 
 __all__ = ["Controller", "Decision"]
@@ -76,7 +89,9 @@ class Decision:
         predicted_step_s: The model's predicted synchronous compute time (max over ranks) of
             the proposed plan (propose), or of the plan under validation (accept/rollback).
         measured_step_s: The window's measured max over ranks of per-rank medians.
-        significance: The window's imbalance test (None before any test ran).
+        significance: The window's imbalance test, summarised as
+            :meth:`~lightning_rex.core.significance.ImbalanceResult.to_dict` gives it (None
+            when no test ran).
         reason: A short human-readable explanation.
         step_end: The last step (exclusive) of the window that led to this decision.
         validated: This window validated the plan under test as non-inferior: True for an
@@ -88,23 +103,55 @@ class Decision:
     plan: Plan | None
     predicted_step_s: float | None
     measured_step_s: float | None
-    significance: ImbalanceResult | None
+    significance: dict[str, Any] | None
     reason: str
     step_end: int = 0
     validated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form, with the significance summarised."""
+        """JSON-able form (the inverse of :meth:`from_dict`)."""
         return {
             "kind": self.kind,
             "plan": None if self.plan is None else list(self.plan),
             "predicted_step_s": self.predicted_step_s,
             "measured_step_s": self.measured_step_s,
-            "significance": None if self.significance is None else self.significance.to_dict(),
+            "significance": self.significance,
             "reason": self.reason,
             "step_end": self.step_end,
             "validated": self.validated,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], name: str = "decision") -> Decision:
+        """Rebuild a decision from :meth:`to_dict` output, checking every field.
+
+        Args:
+            d: The dictionary.
+            name: Its dotted name, for errors.
+
+        Returns:
+            The decision.
+
+        Raises:
+            StateError: Naming the field that is missing or malformed.
+        """
+        kind = field(d, "kind", name)
+        if kind not in ("hold", "propose", "accept", "rollback"):
+            raise StateError(f"{name}.kind", f"must be hold, propose, accept or rollback: {kind!r}")
+        plan = optional(field(d, "plan", name), int_list, f"{name}.plan", None, 1)
+        sig = field(d, "significance", name)
+        if sig is not None and not isinstance(sig, dict):
+            raise StateError(f"{name}.significance", "must be a mapping or null")
+        return cls(
+            kind=kind,
+            plan=None if plan is None else tuple(plan),
+            predicted_step_s=optional(field(d, "predicted_step_s", name), real, f"{name}.pred"),
+            measured_step_s=optional(field(d, "measured_step_s", name), real, f"{name}.measured"),
+            significance=sig,
+            reason=str(field(d, "reason", name)),
+            step_end=whole(field(d, "step_end", name), f"{name}.step_end", 0),
+            validated=bool(field(d, "validated", name)),
+        )
 
 
 class Controller:
@@ -192,6 +239,7 @@ class Controller:
         self._state: str = "steady"
         self._pending: Plan | None = None
         self._previous: Plan | None = None
+        self._rejected: Plan | None = None
         self._predicted: float | None = None
         self._baseline: list[float] | None = None
         self._recent: list[list[list[float]]] = []
@@ -259,23 +307,26 @@ class Controller:
         self.model.add(window.plan, window.medians, rel_var)
         measured = float(window.medians.max())
 
+        summary = sig.to_dict()
+
         def decide(
             kind: DecisionKind, plan: Plan | None, reason: str, pred: float | None = None
         ) -> Decision:
-            return Decision(kind, plan, pred, measured, sig, reason, window.step_end)
+            return Decision(kind, plan, pred, measured, summary, reason, window.step_end)
 
         if self._state == "validating":
             if window.plan == self._previous:
                 return decide("hold", None, "new plan not yet in force", self._predicted)
             if window.plan != self._pending:
-                return decide("hold", None, "window under an unexpected plan: ignored")
+                return self._adopt(window, decide)
             return self._validate(window, sig, measured, decide)
         if self._state == "rolling_back":
-            if window.plan != self._plan:
+            if window.plan == self._rejected:
                 return decide("hold", None, "rollback not yet in force")
-            self._state = "steady"
+            if window.plan == self._plan:
+                self._state, self._rejected = "steady", None
         if window.plan != self._plan:
-            return decide("hold", None, "window under an unexpected plan: ignored")
+            return self._adopt(window, decide)
         if self._violates_bounds(self._plan):
             return self._propose(
                 window, "the plan in force breaks the size bounds", decide, force=True
@@ -303,6 +354,15 @@ class Controller:
         return self._propose(window, f"persistent imbalance on ranks {flagged[:8]}", decide)
 
     # -------------------------------------------------------------- internals
+    def _adopt(self, window: Window, decide: Any) -> Decision:
+        """Take a plan set outside the controller as the one in force, and keep monitoring."""
+        self._plan = window.plan
+        self._state = "steady"
+        self._pending = self._previous = self._rejected = None
+        self._predicted, self._baseline, self._reference = None, None, None
+        self._recent = [window.times.tolist()]
+        return decide("hold", None, "plan set outside the controller: adopted as the plan in force")
+
     def _violates_bounds(self, plan: Plan) -> bool:
         b = np.asarray(plan)
         return bool(np.any(b < self._lo) or np.any(b > self._hi))
@@ -422,6 +482,7 @@ class Controller:
                 else f"new plan slower than predicted ({measured:.4g}s vs {pred:.4g}s)"
             )
             back = self._previous
+            self._rejected = self._pending
             self._plan, self._pending, self._previous = back, None, None
             self._state = "rolling_back"
             self._recent = []
@@ -451,6 +512,7 @@ class Controller:
             "state": self._state,
             "pending": None if self._pending is None else list(self._pending),
             "previous": None if self._previous is None else list(self._previous),
+            "rejected": None if self._rejected is None else list(self._rejected),
             "predicted": self._predicted,
             "baseline": self._baseline,
             "recent": self._recent,
@@ -462,21 +524,99 @@ class Controller:
             "model": self.model.state_dict(),
         }
 
+    @staticmethod
+    def check_state(
+        d: Any, global_batch: int, world_size: int, name: str = "controller"
+    ) -> dict[str, Any]:
+        """Check saved controller state against the run's ``B`` and ``N`` without loading it.
+
+        Every rank can run this (only rank 0 holds a controller), so a bad checkpoint fails on
+        every rank alike, before any step.
+
+        Args:
+            d: A dictionary from :meth:`state_dict`, possibly through JSON.
+            global_batch: This run's global batch ``B``.
+            world_size: This run's number of ranks ``N``.
+            name: The dotted name of ``d``, for errors.
+
+        Returns:
+            The state, normalised to plain Python types.
+
+        Raises:
+            StateError: Naming the first field that is missing or breaks an invariant.
+        """
+
+        def plan(key: str) -> Plan | None:
+            v = optional(field(d, key, name), int_list, f"{name}.{key}", world_size, 1)
+            if v is not None and sum(v) != global_batch:
+                raise StateError(
+                    f"{name}.{key}", f"must sum to the global batch B={global_batch}, got {sum(v)}"
+                )
+            return None if v is None else tuple(v)
+
+        state = field(d, "state", name)
+        if state not in ("steady", "validating", "rolling_back"):
+            raise StateError(
+                f"{name}.state", f"must be steady, validating or rolling_back: {state!r}"
+            )
+        out: dict[str, Any] = {"state": state, "plan": plan("plan")}
+        for key in ("pending", "previous"):
+            out[key] = plan(key)
+        out["rejected"] = plan("rejected") if "rejected" in d else None
+        if state == "validating" and (out["pending"] is None or out["previous"] is None):
+            raise StateError(f"{name}.pending", "and previous must be plans while validating")
+        out["predicted"] = optional(field(d, "predicted", name), real, f"{name}.predicted")
+        out["baseline"] = optional(field(d, "baseline", name), float_list, f"{name}.baseline")
+        recent = field(d, "recent", name)
+        if not isinstance(recent, list):
+            raise StateError(f"{name}.recent", "must be a list of windows")
+        out["recent"] = [
+            matrix(w, f"{name}.recent[{i}]", world_size, None, True) for i, w in enumerate(recent)
+        ]
+        out["fitted_at"] = whole(field(d, "fitted_at", name), f"{name}.fitted_at", -1)
+        out["reference"] = optional(
+            field(d, "reference", name), float_list, f"{name}.reference", world_size, True
+        )
+        out["windows_seen"] = whole(field(d, "windows_seen", name), f"{name}.windows_seen", 0)
+        out["min_size"] = whole(field(d, "min_size", name), f"{name}.min_size", 1)
+        caps = field(d, "max_sizes", name)
+        if caps is not None:
+            caps = _caps(caps, f"{name}.max_sizes", world_size)
+        out["max_sizes"] = caps
+        out["model"] = RankTimeModel.check_state(
+            field(d, "model", name), world_size, f"{name}.model"
+        )
+        return out
+
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output into a controller built with the same arguments.
 
         Args:
             d: A dict from :meth:`state_dict` (possibly through a JSON round trip).
+
+        Raises:
+            StateError: Naming the field, when the state does not fit this controller
+                (see :meth:`check_state`).
         """
-        self.set_bounds(int(d["min_size"]), d["max_sizes"])
-        self._plan = tuple(int(b) for b in d["plan"])
-        self._state = str(d["state"])
-        self._pending = None if d["pending"] is None else tuple(int(b) for b in d["pending"])
-        self._previous = None if d["previous"] is None else tuple(int(b) for b in d["previous"])
-        self._predicted = None if d["predicted"] is None else float(d["predicted"])
-        self._baseline = None if d["baseline"] is None else [float(x) for x in d["baseline"]]
-        self._recent = [[[float(x) for x in row] for row in w] for w in d["recent"]]
-        self._fitted_at = int(d["fitted_at"])
-        self._reference = None if d["reference"] is None else [float(x) for x in d["reference"]]
-        self.windows_seen = int(d["windows_seen"])
-        self.model.load_state_dict(d["model"])
+        c = self.check_state(d, self.global_batch, self.world_size)
+        try:
+            self.set_bounds(c["min_size"], c["max_sizes"])
+        except ValueError as err:
+            raise StateError("controller.max_sizes", str(err)) from None
+        self._plan = c["plan"]
+        self._state = c["state"]
+        self._pending, self._previous = c["pending"], c["previous"]
+        self._rejected = c["rejected"]
+        self._predicted = c["predicted"]
+        self._baseline = c["baseline"]
+        self._recent = c["recent"]
+        self._fitted_at = c["fitted_at"]
+        self._reference = c["reference"]
+        self.windows_seen = c["windows_seen"]
+        self.model.load_state_dict(c["model"])
+
+
+def _caps(v: Any, name: str, world_size: int) -> list[int | None]:
+    if not isinstance(v, list) or len(v) != world_size:
+        raise StateError(name, f"must be a list of {world_size} caps (null for none)")
+    return [None if c is None else whole(c, f"{name}[{i}]", 1) for i, c in enumerate(v)]

@@ -37,6 +37,16 @@ import numpy as np
 import torch
 
 from lightning_rex.core.kernels import SplineKernel
+from lightning_rex.core.state import (
+    StateError,
+    field,
+    float_list,
+    int_list,
+    matrix,
+    optional,
+    real,
+    whole,
+)
 
 __all__ = ["RankTimeModel"]
 
@@ -318,19 +328,65 @@ class RankTimeModel:
             "cutoff": [int(c) for c in self.cutoff],
         }
 
+    @staticmethod
+    def check_state(d: Any, world_size: int, name: str = "model") -> dict[str, Any]:
+        """Check saved model state against the number of ranks, without loading it.
+
+        Args:
+            d: A dictionary from :meth:`state_dict`, possibly through JSON.
+            world_size: The number of ranks ``N``.
+            name: The dotted name of ``d``, for errors.
+
+        Returns:
+            The state, normalised to plain Python types.
+
+        Raises:
+            StateError: Naming the first field that is missing or has the wrong shape.
+        """
+        sizes = field(d, "sizes", name)
+        if not isinstance(sizes, list):
+            raise StateError(f"{name}.sizes", "must be a list of per-window plans")
+        out: dict[str, Any] = {
+            "outputscale": real(field(d, "outputscale", name), f"{name}.outputscale", True),
+            "n_fits": whole(field(d, "n_fits", name), f"{name}.n_fits", 0),
+            "scale": optional(
+                field(d, "scale", name), float_list, f"{name}.scale", world_size, True
+            ),
+            "first_u": optional(
+                field(d, "first_u", name), float_list, f"{name}.first_u", world_size, True
+            ),
+            "sizes": [
+                int_list(r, f"{name}.sizes[{i}]", world_size, 1) for i, r in enumerate(sizes)
+            ],
+            "medians": matrix(
+                field(d, "medians", name), f"{name}.medians", len(sizes), world_size, True
+            ),
+            "rel_var": float_list(field(d, "rel_var", name), f"{name}.rel_var", len(sizes), True),
+            "n_added": whole(field(d, "n_added", name), f"{name}.n_added", len(sizes)),
+            "cutoff": int_list(field(d, "cutoff", name), f"{name}.cutoff", world_size, 0),
+        }
+        if sizes and out["scale"] is None:
+            raise StateError(f"{name}.scale", "must be set once windows are held")
+        return out
+
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output.
 
         Args:
             d: A dict from :meth:`state_dict`.
+
+        Raises:
+            StateError: Naming the field, when the state does not fit (see
+                :meth:`check_state`).
         """
-        self.outputscale = float(d["outputscale"])
-        self.n_fits = int(d["n_fits"])
-        self.scale = None if d["scale"] is None else np.asarray(d["scale"], dtype=np.float64)
-        self.first_u = None if d["first_u"] is None else np.asarray(d["first_u"], dtype=np.float64)
-        self.sizes = [[int(b) for b in r] for r in d["sizes"]]
-        self.medians = [[float(m) for m in r] for r in d["medians"]]
-        self.rel_var = [float(v) for v in d["rel_var"]]
-        self.n_added = int(d["n_added"])
-        self.cutoff = np.asarray(d["cutoff"], dtype=np.int64)
+        c = self.check_state(d, self.world_size)
+        self.outputscale = c["outputscale"]
+        self.n_fits = c["n_fits"]
+        self.scale = None if c["scale"] is None else np.asarray(c["scale"], dtype=np.float64)
+        self.first_u = None if c["first_u"] is None else np.asarray(c["first_u"], dtype=np.float64)
+        self.sizes = c["sizes"]
+        self.medians = c["medians"]
+        self.rel_var = c["rel_var"]
+        self.n_added = c["n_added"]
+        self.cutoff = np.asarray(c["cutoff"], dtype=np.int64)
         self._post = None
