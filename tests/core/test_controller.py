@@ -141,7 +141,7 @@ def test_decisions_round_trip_through_dicts():
     c = Controller(512, 4, seed=0)
     for d in drive(c, np.random.default_rng(0), 4):
         assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d
-    with pytest.raises(ValueError, match="decision.kind"):
+    with pytest.raises(ValueError, match=r"decision\.kind"):
         Decision.from_dict({**d.to_dict(), "kind": "maybe"})
 
 

@@ -37,8 +37,8 @@ def test_every_plan_is_checked_against_b_and_both_bounds() -> None:
 
 
 def test_infeasible_bounds_are_refused_up_front() -> None:
-    with pytest.raises(ValueError, match=r"max_micro_batch_size=20 x 4 ranks is below the global"):
-        PlanSchedule((16, 16, 16, 16), 64, SizeBounds(1, 20))
+    with pytest.raises(ValueError, match=r"max_micro_batch_size=15 x 4 ranks is below the global"):
+        PlanSchedule((16, 16, 16, 16), 64, SizeBounds(1, 15))
     with pytest.raises(ValueError, match=r"min_micro_batch_size=20 x 4 ranks exceeds"):
         PlanSchedule((16, 16, 16, 16), 64, SizeBounds(20))
     with pytest.raises(ValueError, match="max_micro_batch_size must be None or an int >= min"):
