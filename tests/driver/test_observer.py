@@ -1,9 +1,8 @@
-"""BackgroundObserver: decisions in order, never waited for at an exchange, saved whole."""
+"""BackgroundObserver: outcomes in order, never waited for at an exchange, errors kept."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -15,13 +14,16 @@ from lightning_rex.driver.observer import BackgroundObserver
 class _Gated(Controller):
     """A controller whose observe waits for a gate, to stand for a slow refit."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail_at: int | None = None) -> None:
         super().__init__(64, 2)
         self.gate = threading.Event()
         self.declined = 0
+        self.fail_at = fail_at
 
     def observe(self, window: Window) -> Decision:
         self.gate.wait(10)
+        if self.fail_at is not None and window.step_start == self.fail_at:
+            raise RuntimeError("model exploded")
         return super().observe(window)
 
     def decline(self) -> None:
@@ -34,25 +36,35 @@ def _window(step: int) -> Window:
     return Window(0.01 * np.exp(rng.normal(0, 0.05, (2, 10))), (32, 32), step, step + 10)
 
 
-def test_a_decision_still_computing_is_not_ready_and_order_is_kept() -> None:
+def test_an_outcome_still_computing_is_not_ready_and_order_is_kept() -> None:
     c = _Gated()
     obs = BackgroundObserver(c)
     try:
-        infos: list[dict[str, Any]] = [{"i": 0}, {"i": 1}]
-        obs.submit(_window(0), infos[0])
-        obs.submit(_window(10), infos[1])
+        obs.submit(_window(0), {"i": 0})
+        obs.submit(_window(10), {"i": 1})
         assert obs.pending and obs.take_ready() == []  # returns at once, nothing lost
         c.gate.set()
-        saved = obs.drain()  # a checkpoint waits for every queued decision, keeps them
-        assert [info for _, info in saved] == infos and obs.pending
+        saved = obs.drain()  # a checkpoint waits for every queued outcome, keeps them
+        assert [e.info for e in saved] == [{"i": 0}, {"i": 1}] and obs.pending
         ready = obs.take_ready()
-        assert [info for _, info in ready] == infos
-        assert [d["step_end"] for d, _ in ready] == [10, 20]
+        assert [e.outcome.step_end for e in ready] == [10, 20]  # type: ignore[union-attr]
         assert not obs.pending and obs.take_ready() == []
-        # restored decisions are ready again
-        obs.restore(saved)
-        assert [info for _, info in obs.take_ready()] == infos
+        obs.restore(saved)  # restored outcomes are ready again
+        assert [e.info for e in obs.take_ready()] == [{"i": 0}, {"i": 1}]
     finally:
+        obs.shutdown()
+
+
+def test_an_error_in_the_thread_becomes_the_outcome_in_order() -> None:
+    c = _Gated(fail_at=10)
+    c.gate.set()
+    for background in (True, False):
+        obs = BackgroundObserver(c, background=background)
+        obs.submit(_window(0), {})
+        obs.submit(_window(10), {})
+        outcomes = [e.outcome for e in obs.drain()]
+        assert isinstance(outcomes[0], Decision)
+        assert isinstance(outcomes[1], RuntimeError) and "model exploded" in str(outcomes[1])
         obs.shutdown()
 
 
@@ -71,7 +83,7 @@ def test_decline_runs_after_the_queued_windows_and_drain_waits_for_it() -> None:
 def test_size_caps_reach_the_controller_in_the_worker_before_it_observes() -> None:
     c = _Gated()
     c.gate.set()
-    obs = BackgroundObserver(c)
+    obs = BackgroundObserver(c, min_size=1)
     obs.submit(_window(0), {}, [40, None])
     obs.drain()
     assert c.max_sizes == [40, None]
@@ -79,10 +91,9 @@ def test_size_caps_reach_the_controller_in_the_worker_before_it_observes() -> No
 
 
 def test_inline_observer_is_ready_at_once() -> None:
-    c = Controller(64, 2)
-    obs = BackgroundObserver(c, background=False)
+    obs = BackgroundObserver(Controller(64, 2), background=False)
     obs.submit(_window(0), {"i": 0})
-    ((d, info),) = obs.take_ready()
-    assert info == {"i": 0} and d["kind"] in ("hold", "propose")
+    (e,) = obs.take_ready()
+    assert e.info == {"i": 0} and isinstance(e.outcome, Decision)
     obs.decline()  # inline: immediate, no thread
     obs.shutdown()

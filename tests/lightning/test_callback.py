@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor, TQDM
 from lightning.pytorch.loggers import CSVLogger
 from tests.helpers.dist import run_distributed
 from tests.helpers.models import RegModel, flat_params, make_dataset
+from tests.helpers.timing import with_step_times
 from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -181,7 +182,7 @@ def _synthetic(rank: int, tmp: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ds = make_dataset(64 * 30 + 20)
     # rollback of a plan that makes things worse
-    cb, root = RexCallback(window=10, step_time_fn=_memory_wall), f"{tmp}/wall"
+    cb, root = with_step_times(_memory_wall, window=10), f"{tmp}/wall"
     t = _trainer(RexStrategy(), 90, [cb], root)
     t.fit(RegModel(), DataLoader(ds, batch_size=32, shuffle=True))
     out["wall"] = {"history": cb.plan_history, "records": _records(root) if rank == 0 else None}
@@ -190,7 +191,7 @@ def _synthetic(rank: int, tmp: str) -> dict[str, Any]:
     def run(ckpt: str | None, root: str) -> tuple[L.Trainer, RexCallback, RegModel]:
         # inline observation: every decision lands on its fixed exchange step, so a resumed
         # run can be compared with an uninterrupted one step for step
-        cb = RexCallback(window=6, step_time_fn=_affine, background=False)
+        cb = with_step_times(_affine, window=6, background=False)
         ck = ModelCheckpoint(dirpath=f"{tmp}/ckpt", every_n_train_steps=7, save_top_k=-1)
         tm = ThroughputMonitor(batch_size_fn=lambda b: len(b[0]), window_size=5)
         model = RegModel(opt="adam")
@@ -259,7 +260,8 @@ def test_resume_mid_epoch_matches_the_uninterrupted_run(synthetic: list[dict[str
     assert len(full_recs) >= 3
 
     def strip(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if "wall" not in k and "per_s" not in k} for r in rs]
+        skip = ("wall", "per_s", "time")
+        return [{k: v for k, v in r.items() if not any(x in k for x in skip)} for r in rs]
 
     assert strip(synthetic[0]["resumed"]["records"]) == strip(full_recs)
 
@@ -321,7 +323,7 @@ def test_resume_on_one_rank_from_a_two_rank_checkpoint(
     ckpt = Path(synthetic[0]["full"]["ckpt_dir"]) / "epoch=0-step=21.ckpt"
     ds = make_dataset(64 * 30 + 20)
     model = RegModel(opt="adam")
-    cb = RexCallback(window=6, step_time_fn=_affine)
+    cb = with_step_times(_affine, window=6)
     t = quiet_trainer(
         accelerator="cpu",
         devices=1,

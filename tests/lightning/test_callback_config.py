@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
         ({"window": 4}, "window must be an integer >= 5 steps, got 4"),
         ({"persistence": 0}, "persistence must be an integer >= 1 window, got 0"),
         ({"min_effect": -0.1}, "min_effect must be >= 0"),
-        ({"max_micro_batch_size": 0}, "max_micro_batch_size must be >= 1 or None"),
         ({"max_growth": 1.0}, "max_growth must be > 1"),
         ({"window": 10, "decision_lag": 10}, r"decision_lag must be in \[1, window=10\)"),
         ({"warmup": -1}, "warmup must be an integer >= 0 steps, got -1"),
@@ -94,11 +93,11 @@ def test_cli_yaml(tmp_path: Path) -> None:
         "trainer:\n  accelerator: cpu\n  devices: 2\n  strategy:\n"
         "    class_path: lightning_rex.RexStrategy\n    init_args:\n      adaptive: true\n"
         "  callbacks:\n    - class_path: lightning_rex.RexCallback\n      init_args:\n"
-        "        alpha: 0.05\n        persistence: 3\n        max_micro_batch_size: 50\n"
+        "        alpha: 0.05\n        persistence: 3\n        max_growth: 1.5\n"
     )
     cli = LightningCLI(CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
     cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
-    assert (cb.alpha, cb.persistence, cb.max_micro_batch_size) == (0.05, 3, 50)
+    assert (cb.alpha, cb.persistence, cb.max_growth) == (0.05, 3, 1.5)
 
 
 def test_cli_bad_value_is_a_clear_error() -> None:
@@ -133,14 +132,12 @@ def test_callback_help_documents_every_argument() -> None:
         "window",
         "persistence",
         "min_effect",
-        "max_micro_batch_size",
         "max_growth",
         "decision_lag",
         "background",
         "warmup",
         "seed",
         "log_dir",
-        "step_time_fn",
     ):
         assert f"--trainer.callbacks.{arg}" in out
     assert "Family-wise significance level" in out  # the docstring text reaches --help

@@ -31,7 +31,15 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
         ({"batch_fractions": [1.2, -0.2]}, "batch_fractions must be finite and >= 0"),
         (
             {"micro_batch_sizes": [63, 1], "min_micro_batch_size": 2},
-            "micro_batch_sizes must be integers >= min_micro_batch_size=2",
+            "micro_batch_sizes must be >= min_micro_batch_size=2 on every rank; ranks",
+        ),
+        (
+            {"micro_batch_sizes": [48, 16], "max_micro_batch_size": 40},
+            r"micro_batch_sizes exceeds max_micro_batch_size on ranks \[0\]: sizes \[48\]",
+        ),
+        (
+            {"min_micro_batch_size": 4, "max_micro_batch_size": 3},
+            "max_micro_batch_size must be None or an int >= min_micro_batch_size=4, got 3",
         ),
         ({"min_micro_batch_size": 0}, "min_micro_batch_size must be an int >= 1"),
         ({"loss_reduction": "avg"}, r"loss_reduction must be one of \('mean', 'sum'\)"),
@@ -129,17 +137,6 @@ def test_several_train_loaders() -> None:
     ]
     with pytest.raises(ValueError, match="exactly one train dataloader"):
         _fit_one_rank(loaders)
-
-
-class _Manual(RegModel):
-    def __init__(self) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-
-
-def test_manual_optimization() -> None:
-    with pytest.raises(ValueError, match="automatic optimization only"):
-        _fit_one_rank(DataLoader(make_dataset(64), batch_size=8), model=_Manual())
 
 
 def test_val_loader_is_left_as_under_ddp() -> None:

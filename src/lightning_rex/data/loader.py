@@ -16,6 +16,7 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from lightning_rex.core.plan import Plan
+from lightning_rex.core.schedule import SizeBounds
 from lightning_rex.data.sampler import UnevenBatchSampler
 
 __all__ = ["RexDataLoader", "build_rex_loader"]
@@ -79,7 +80,7 @@ def build_rex_loader(
     plan_for: Callable[[int], Plan],
     accumulate_grad_batches: int = 1,
     step_source: Callable[[], int] | None = None,
-    min_micro_batch_size: int = 1,
+    bounds: SizeBounds | None = None,
     use_distributed_sampler: bool = True,
 ) -> RexDataLoader:
     """Rebuild a user's train DataLoader around an :class:`UnevenBatchSampler`.
@@ -90,8 +91,8 @@ def build_rex_loader(
         rank: This process's global rank.
         plan_for: Maps the global batch B to the initial plan.
         accumulate_grad_batches: Batches per optimizer step.
-        step_source: Returns ``trainer.global_step``, to key the plan schedule by step.
-        min_micro_batch_size: The smallest micro-batch a plan may give a rank.
+        step_source: Returns the step count at an epoch's start, to key the plan schedule.
+        bounds: The size bounds every plan obeys.
         use_distributed_sampler: The Trainer's flag; REX needs it True for training.
 
     Returns:
@@ -142,7 +143,7 @@ def build_rex_loader(
         drop_last=bool(dataloader.drop_last),
         accumulate_grad_batches=accumulate_grad_batches,
         step_source=step_source,
-        min_micro_batch_size=min_micro_batch_size,
+        bounds=bounds,
     )
     batch_sampler.set_epoch(int(sampler.epoch))
     kwargs: dict[str, Any] = {

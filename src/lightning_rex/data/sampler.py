@@ -9,21 +9,29 @@ differs, where DDP pads with repeats and REX repeats nothing: it is split in pro
 plan, or dropped when it holds fewer samples than there are ranks (no rank may ever get an
 empty micro-batch) or when ``drop_last=True``.
 
-Plans are scheduled by optimizer step. Batch ``i`` of an epoch belongs to optimizer step
+Plans are scheduled by step: a step is one optimizer-step boundary, ``accumulate_grad_batches``
+batches (``trainer.global_step`` under automatic optimization; one batch under manual
+optimization, however many optimizers it steps). Batch ``i`` of an epoch belongs to step
 ``epoch_start_step + i // accumulate_grad_batches``, so a gradient-accumulation window always
 uses one plan, and a plan change never reaches a batch that was already fetched.
+
+The sampler is the home of the run's :class:`~lightning_rex.core.schedule.PlanSchedule` (the
+window driver's :class:`~lightning_rex.driver.protocols.PlanTarget`): every plan it serves is
+checked against the global batch and the size bounds, and so is every entry of a
+checkpoint's state before the run resumes.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import DistributedSampler, Sampler
 
-from lightning_rex.core.plan import Plan, split_in_proportion, validate_plan
+from lightning_rex.core.plan import Plan, even_plan, split_in_proportion
+from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.state import StateError, field, int_list, whole
 
 __all__ = ["UnevenBatchSampler"]
 
@@ -54,9 +62,14 @@ class UnevenBatchSampler(Sampler[list[int]]):
         seed: The permutation seed (Lightning uses ``PL_GLOBAL_SEED``).
         drop_last: Drop the final partial global batch.
         accumulate_grad_batches: Batches per optimizer step; plans change only between steps.
-        step_source: Returns the optimizer step at which the next epoch's first batch is
-            trained (``trainer.global_step``). Without it the sampler counts steps itself.
-        min_micro_batch_size: The smallest size a scheduled plan may give a rank.
+        step_source: Returns the step at which the next epoch's first batch is trained.
+            Without it the sampler counts steps itself.
+        bounds: The size bounds every plan obeys (``min_micro_batch_size``,
+            ``max_micro_batch_size``).
+
+    Raises:
+        ValueError: Naming the argument, for a bad plan, rank or bounds that cannot hold
+            the global batch.
     """
 
     def __init__(
@@ -71,7 +84,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         accumulate_grad_batches: int = 1,
         step_source: Callable[[], int] | None = None,
-        min_micro_batch_size: int = 1,
+        bounds: SizeBounds | None = None,
     ) -> None:
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
@@ -80,8 +93,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self.world_size = len(plan)
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
-        self.min_micro_batch_size = min_micro_batch_size
-        initial = validate_plan(plan, global_batch, self.world_size, min_micro_batch_size)
+        self._plans = PlanSchedule(plan, global_batch, bounds)
         self.num_samples = num_samples
         self.global_batch = global_batch
         self.rank = rank
@@ -95,8 +107,6 @@ class UnevenBatchSampler(Sampler[list[int]]):
             shuffle=shuffle,
             seed=seed,
         )
-        self._schedule_steps: list[int] = [0]
-        self._schedule_plans: list[Plan] = [initial]
         self._epoch_start_step = 0
         self._next_epoch_start_step = 0
         self._fetched = 0
@@ -128,31 +138,59 @@ class UnevenBatchSampler(Sampler[list[int]]):
 
     # ------------------------------------------------------------------ plan schedule
     @property
+    def plan_schedule(self) -> PlanSchedule:
+        """The run's plan schedule (this sampler is its home)."""
+        return self._plans
+
+    @property
+    def bounds(self) -> SizeBounds:
+        """The size bounds every plan obeys."""
+        return self._plans.bounds
+
+    @property
     def schedule(self) -> list[tuple[int, Plan]]:
-        """The plan schedule as ``(first optimizer step, plan)`` pairs, in step order."""
-        return list(zip(self._schedule_steps, self._schedule_plans))
+        """The plan schedule as ``(first step, plan)`` pairs, in step order."""
+        return self._plans.entries
 
     def plan_at(self, step: int) -> Plan:
-        """Return the plan in force at an optimizer step.
+        """Return the plan in force at a step.
 
         Args:
-            step: The optimizer step (``trainer.global_step``).
+            step: The step (an optimizer-step boundary; see the module docstring).
 
         Returns:
             The plan scheduled at or before ``step`` (the initial plan before the first entry).
         """
-        i = bisect.bisect_right(self._schedule_steps, step) - 1
-        return self._schedule_plans[max(i, 0)]
+        return self._plans.plan_at(step)
+
+    def step_of_batch(self, index: int) -> int:
+        """The step batch ``index`` of the current epoch belongs to.
+
+        Args:
+            index: The batch index within the epoch (Lightning's ``batch_idx``).
+
+        Returns:
+            ``epoch_start_step + index // accumulate_grad_batches``.
+        """
+        return self._epoch_start_step + index // self.accumulate_grad_batches
 
     def last_fetched_step(self) -> int:
-        """The last optimizer step any of whose batches this rank has already yielded.
+        """The last step any of whose batches this rank has already yielded.
 
         Returns:
             That step, or ``epoch_start_step - 1`` when nothing of the epoch was fetched.
         """
         if self._fetched == 0:
             return self._epoch_start_step - 1
-        return self._epoch_start_step + (self._fetched - 1) // self.accumulate_grad_batches
+        return self.step_of_batch(self._fetched - 1)
+
+    def first_free_step(self) -> int:
+        """The first step none of whose batches this rank has yielded yet.
+
+        Returns:
+            ``last_fetched_step() + 1``.
+        """
+        return self.last_fetched_step() + 1
 
     def resume_position(self) -> int:
         """The batch index the next iteration starts from (0 unless resuming mid-epoch).
@@ -162,29 +200,29 @@ class UnevenBatchSampler(Sampler[list[int]]):
         """
         return self._resume_at or 0
 
-    def schedule_plan(self, plan: Sequence[int], step: int) -> None:
-        """Put ``plan`` in force from optimizer ``step`` on.
+    def schedule_plan(self, plan: Sequence[int], step: int) -> Plan:
+        """Put ``plan`` in force from ``step`` on.
 
-        The caller (the strategy) makes sure every rank calls this with the same arguments and
-        that no rank has fetched a batch of ``step`` yet; this is checked locally too.
+        The caller makes sure every rank calls this with the same arguments and that no
+        rank has fetched a batch of ``step`` yet; this is checked locally too.
 
         Args:
             plan: The new per-rank sizes.
-            step: The first optimizer step that uses it.
+            step: The first step that uses them.
+
+        Returns:
+            The validated plan.
 
         Raises:
-            ValueError: If the plan is invalid or ``step`` has batches fetched already.
+            ValueError: If the plan breaks the global batch or the bounds, or ``step`` has
+                batches fetched already.
         """
-        new = validate_plan(plan, self.global_batch, self.world_size, self.min_micro_batch_size)
         if step <= self.last_fetched_step():
             raise ValueError(
                 f"cannot change the plan at step {step}: batches up to step "
                 f"{self.last_fetched_step()} were already fetched"
             )
-        i = bisect.bisect_left(self._schedule_steps, step)
-        del self._schedule_steps[i:], self._schedule_plans[i:]
-        self._schedule_steps.append(step)
-        self._schedule_plans.append(new)
+        return self._plans.set(plan, step)
 
     # ------------------------------------------------------------------ batches
     def sizes_for_batch(self, index: int) -> Plan:
@@ -196,7 +234,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         Returns:
             The plan for a full global batch, or the proportional split of the final one.
         """
-        plan = self.plan_at(self._epoch_start_step + index // self.accumulate_grad_batches)
+        plan = self.plan_at(self.step_of_batch(index))
         remaining = self.num_samples - self._origin_sample
         full = remaining // self.global_batch
         if index - self._origin_batch < full:
@@ -245,17 +283,68 @@ class UnevenBatchSampler(Sampler[list[int]]):
             "consumed_samples": self.num_samples if done is None else done,
             "origin": [self._origin_batch, self._origin_sample],
             "epoch_start_step": self._epoch_start_step,
-            "schedule": [[s, list(p)] for s, p in self.schedule],
+            "schedule": self._plans.state_dict(),
             "global_batch": self.global_batch,
             "world_size": self.world_size,
             "num_samples": self.num_samples,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a position so that the next iteration continues where the run stopped.
+    def check_state(self, state: Any, name: str = "rex_sampler") -> dict[str, Any]:
+        """Check a saved position against this run and its own grid, without applying it.
 
         Args:
             state: A dictionary from :meth:`state_dict`.
+            name: Its dotted name, for errors.
+
+        Returns:
+            The state, normalised, with ``same_world`` (same ``B`` and ``N``) and ``finished``
+            (the saved epoch was complete).
+
+        Raises:
+            StateError: Naming the field: another dataset length, a schedule that is empty,
+                out of step order or whose plans break ``B`` or the bounds, a consumed count
+                outside the epoch or one that disagrees with the consumed samples.
+        """
+        n = whole(field(state, "num_samples", name), f"{name}.num_samples", 0)
+        if n != self.num_samples:
+            raise StateError(
+                f"{name}.num_samples",
+                f"is {n}, but this run's dataset has {self.num_samples} samples: the "
+                "checkpoint was made with another dataset",
+            )
+        world = whole(field(state, "world_size", name), f"{name}.world_size", 1)
+        gb = whole(field(state, "global_batch", name), f"{name}.global_batch", world)
+        same = world == self.world_size and gb == self.global_batch
+        saved = PlanSchedule(even_plan(gb, world), gb, self.bounds if same else None)
+        saved.load_state_dict(field(state, "schedule", name), f"{name}.schedule")
+        ob, os_ = int_list(field(state, "origin", name), f"{name}.origin", 2, 0)
+        if os_ > n:
+            raise StateError(f"{name}.origin", f"starts at sample {os_}, past the epoch's {n}")
+        full, rem = divmod(n - os_, gb)
+        length = ob + full + (1 if rem >= world and not self.drop_last else 0)
+        consumed = whole(field(state, "consumed", name), f"{name}.consumed", ob, length)
+        done = whole(field(state, "consumed_samples", name), f"{name}.consumed_samples", 0, n)
+        expect = n if consumed >= length else min(n, os_ + (consumed - ob) * gb)
+        if done != expect:
+            raise StateError(
+                f"{name}.consumed_samples",
+                f"is {done}, but {consumed} batches of this epoch's grid end at sample {expect}",
+            )
+        return {
+            "epoch": whole(field(state, "epoch", name), f"{name}.epoch", 0),
+            "consumed": consumed,
+            "consumed_samples": done,
+            "origin": (ob, os_),
+            "epoch_start_step": whole(
+                field(state, "epoch_start_step", name), f"{name}.epoch_start_step", 0
+            ),
+            "schedule": saved,
+            "same_world": same,
+            "finished": consumed >= length,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position so that the next iteration continues where the run stopped.
 
         A checkpoint made with another world size (so another global batch ``B``, as under
         DDP) resumes too: the rest of the epoch is cut into global batches of the new ``B``
@@ -267,34 +356,22 @@ class UnevenBatchSampler(Sampler[list[int]]):
             state: A dictionary from :meth:`state_dict`.
 
         Raises:
-            ValueError: If the checkpoint was made with another dataset length.
+            StateError: Naming the field, when the state breaks an invariant (see
+                :meth:`check_state`); nothing is changed then.
         """
-        if int(state["num_samples"]) != self.num_samples:
-            raise ValueError(
-                "cannot resume the REX sampler: the checkpoint has num_samples="
-                f"{state['num_samples']}, this run's dataset has {self.num_samples}"
-            )
-        same = (
-            int(state["global_batch"]) == self.global_batch
-            and int(state["world_size"]) == self.world_size
-        )
-        self.set_epoch(int(state["epoch"]))
-        if same:
-            self._schedule_steps = [int(s) for s, _ in state["schedule"]]
-            self._schedule_plans = [tuple(int(b) for b in p) for _, p in state["schedule"]]
-        self._epoch_start_step = int(state["epoch_start_step"])
-        consumed = int(state["consumed"])
-        done = int(state.get("consumed_samples", consumed * int(state["global_batch"])))
-        if same:
-            self._origin_batch, self._origin_sample = (int(x) for x in state.get("origin", (0, 0)))
+        c = self.check_state(state)
+        self.set_epoch(c["epoch"])
+        if c["same_world"]:
+            self._plans = c["schedule"]
+        self._epoch_start_step = c["epoch_start_step"]
+        consumed = c["consumed"]
+        if c["same_world"]:
+            self._origin_batch, self._origin_sample = c["origin"]
         else:
-            self._origin_batch, self._origin_sample = consumed, min(done, self.num_samples)
+            self._origin_batch, self._origin_sample = consumed, c["consumed_samples"]
         self._fetched = consumed
-        old_full, old_rem = divmod(self.num_samples, int(state["global_batch"]))
-        old_tail = 1 if old_rem >= int(state["world_size"]) and not self.drop_last else 0
-        finished = consumed >= (old_full + old_tail if not same else len(self))
-        self._resume_at = None if finished else consumed
-        if finished:
+        self._resume_at = None if c["finished"] else consumed
+        if c["finished"]:
             self._origin_batch = self._origin_sample = 0
             self._next_epoch_start_step = self._epoch_start_step + math.ceil(
                 consumed / self.accumulate_grad_batches

@@ -1,9 +1,10 @@
-"""The message of an exchange: rank 0's ready decisions, as one small tensor for every rank.
+"""The message of an exchange: rank 0's ready decisions, as one small row for every rank.
 
-At an exchange step rank 0 sends ``[decisions?, imbalance, plan?, more pending?, plan...]``
-(float64, ``N + 4`` values; integers up to 2**53 are exact) in one broadcast. Rank 0 keeps
-the full decisions for its records; the other ranks need only the plan to apply, the summary
-for the progress bar, and whether to poll again for a decision still being computed.
+At an exchange step rank 0 sends ``[decided, imbalance, has plan, more pending, failed,
+plan...]`` (float64, ``N + 5`` values; integers up to 2**53 are exact) in one broadcast.
+Rank 0 keeps the full decisions for its records; the other ranks need only the plan to
+apply, the summary for the progress bar, whether to poll again for a decision still being
+computed, and whether rank 0's decider failed (then every rank raises the same error).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from lightning_rex.core.plan import Plan
 
 __all__ = ["ExchangeMessage"]
+
+_HEAD = 5
 
 
 @dataclass(frozen=True)
@@ -27,46 +30,57 @@ class ExchangeMessage:
         imbalance: The latest ready window's max/min median ratio minus one.
         plan: The plan to apply now, or None.
         more_pending: A decision is still being computed: poll again.
+        failed: Rank 0's decider raised; every rank raises the error next.
     """
 
     decided: bool = False
     imbalance: float = 0.0
     plan: Plan | None = None
     more_pending: bool = False
+    failed: bool = False
 
-    def to_tensor(self, world_size: int) -> torch.Tensor:
+    def to_row(self, world_size: int) -> np.ndarray:
         """Encode for the broadcast.
 
         Args:
             world_size: The number of ranks (the plan's length).
 
         Returns:
-            A float64 tensor of ``world_size + 4`` values.
+            A float64 row of ``world_size + 5`` values.
         """
-        t = torch.zeros(world_size + 4, dtype=torch.float64)
-        t[0], t[1], t[3] = float(self.decided), self.imbalance, float(self.more_pending)
+        row = np.zeros(world_size + _HEAD, dtype=np.float64)
+        row[:_HEAD] = (
+            float(self.decided),
+            self.imbalance,
+            float(self.plan is not None),
+            float(self.more_pending),
+            float(self.failed),
+        )
         if self.plan is not None:
-            t[2] = 1.0
-            t[4:] = torch.tensor(self.plan, dtype=torch.float64)
-        return t
+            row[_HEAD:] = self.plan
+        return row
 
     @classmethod
-    def from_tensor(cls, t: torch.Tensor) -> ExchangeMessage:
-        """Decode a broadcast tensor.
+    def from_row(cls, row: np.ndarray) -> ExchangeMessage:
+        """Decode a broadcast row.
 
         Args:
-            t: A tensor from :meth:`to_tensor`.
+            row: A row from :meth:`to_row`.
 
         Returns:
             The message.
         """
-        values = t.tolist()
-        plan = tuple(round(b) for b in values[4:]) if values[2] == 1.0 else None
-        return cls(values[0] == 1.0, float(values[1]), plan, values[3] == 1.0)
+        v = [float(x) for x in np.asarray(row).tolist()]
+        plan = tuple(round(b) for b in v[_HEAD:]) if v[2] == 1.0 else None
+        return cls(v[0] == 1.0, v[1], plan, v[3] == 1.0, v[4] == 1.0)
 
     @classmethod
     def from_ready(
-        cls, imbalances: Sequence[float], plans: Sequence[Plan | None], more_pending: bool
+        cls,
+        imbalances: Sequence[float],
+        plans: Sequence[Plan | None],
+        more_pending: bool,
+        failed: bool = False,
     ) -> ExchangeMessage:
         """Rank 0's message for the decisions ready now, oldest first.
 
@@ -77,6 +91,7 @@ class ExchangeMessage:
             imbalances: Each ready decision's window imbalance.
             plans: Each ready decision's plan to apply (None for none).
             more_pending: Whether a decision is still being computed.
+            failed: Whether the decider raised.
 
         Returns:
             The message.
@@ -85,6 +100,7 @@ class ExchangeMessage:
         return cls(
             decided=bool(imbalances),
             imbalance=float(imbalances[-1]) if imbalances else 0.0,
-            plan=tuple(with_plan[-1]) if with_plan else None,
-            more_pending=more_pending,
+            plan=tuple(with_plan[-1]) if with_plan and not failed else None,
+            more_pending=more_pending and not failed,
+            failed=failed,
         )

@@ -1,11 +1,15 @@
-"""Run ``Controller.observe`` on rank 0 without stalling training.
+"""Run the decider on rank 0 without stalling training, and never lose its errors.
 
-:class:`BackgroundObserver` hands windows to the controller in one background thread that
-only computes (no collective ever leaves it). Windows are observed in order; their decisions
-queue up, as JSON-able data, until the callback takes the ones that are ready at an exchange
-step. A decision still being computed is simply not ready: the exchange says "none" and the
-training thread never waits for the controller (an occasional hyperparameter refit takes a
-few hundred milliseconds of CPU).
+:class:`BackgroundObserver` hands windows to the decider in one background thread that only
+computes (no collective ever leaves it). Windows are observed in order; their outcomes queue
+up until the driver takes the ones that are ready at an exchange step. A decision still being
+computed is simply not ready: the exchange says "none" and the training thread never waits
+for the decider (an occasional hyperparameter refit takes a few hundred milliseconds of CPU).
+
+An outcome is a :class:`~lightning_rex.core.controller.Decision` or the exception the decider
+raised: an error in the thread is never raised there (nobody would see it) nor on rank 0
+alone (its peers would hang); the driver sends it through the next exchange, and every rank
+raises it.
 
 On Linux the thread runs at the lowest CPU priority (per-thread nice 19): where the host CPU
 also trains (CPU runs, the emulated demo), the controller then uses idle time, such as the
@@ -20,12 +24,17 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.controller import Decision
 from lightning_rex.core.window import Window
+from lightning_rex.driver.protocols import Decider
 
-__all__ = ["BackgroundObserver"]
+__all__ = ["BackgroundObserver", "Outcome", "Pending"]
+
+Outcome = Decision | BaseException
 
 
 def _lowest_priority() -> None:
@@ -33,25 +42,34 @@ def _lowest_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-def _as_dict(pending: Any) -> dict[str, Any]:
-    if isinstance(pending, concurrent.futures.Future):
-        pending = pending.result()
-    if isinstance(pending, Decision):
-        pending = pending.to_dict()
-    return dict(pending)
+@dataclass
+class Pending:
+    """A window handed to the decider and what came of it.
+
+    Attributes:
+        window: The window.
+        info: Its extras for the record (throughput, telemetry, dropped samples).
+        outcome: The decision or the exception, once known.
+    """
+
+    window: Window
+    info: dict[str, Any]
+    outcome: Outcome | None = None
 
 
 class BackgroundObserver:
-    """Observe windows with a controller, in a background thread or inline.
+    """Observe windows with a decider, in a background thread or inline.
 
     Args:
-        controller: The controller (rank 0's).
+        decider: The decider (rank 0's controller).
+        min_size: The smallest micro-batch, passed with every window's measured caps.
         background: Use a background thread; False observes inline, on submit, so that
             every decision is ready at the next exchange (deterministic timing).
     """
 
-    def __init__(self, controller: Controller, background: bool = True) -> None:
-        self.controller = controller
+    def __init__(self, decider: Decider, min_size: int = 1, background: bool = True) -> None:
+        self.decider = decider
+        self.min_size = int(min_size)
         self._pool = (
             concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="rex", initializer=_lowest_priority
@@ -59,82 +77,93 @@ class BackgroundObserver:
             if background
             else None
         )
-        # [Future[Decision] | Decision | dict, info], oldest first
-        self._queue: collections.deque[list[Any]] = collections.deque()
+        self._queue: collections.deque[tuple[Pending, concurrent.futures.Future[None] | None]]
+        self._queue = collections.deque()
+        self.error: BaseException | None = None  # a failed decline (nothing else fails outside)
 
     @property
     def pending(self) -> bool:
-        """Whether some decision has not been taken yet (ready or still computing)."""
+        """Whether some outcome has not been taken yet (ready or still computing)."""
         return bool(self._queue)
 
     def submit(
-        self, window: Window, info: dict[str, Any], max_sizes: list[int | None] | None = None
+        self, window: Window, info: dict[str, Any], max_sizes: Sequence[int | None] | None = None
     ) -> None:
-        """Queue ``window`` for the controller.
+        """Queue ``window`` for the decider.
 
         Args:
             window: The window to observe.
-            info: The window's extras, returned with its decision.
+            info: The window's extras, returned with its outcome.
             max_sizes: Per-rank size caps measured with the window (memory); they are set
-                on the controller in the same thread, just before it observes the window.
+                on the decider in the same thread, just before it observes the window.
         """
+        entry = Pending(window, info)
+        caps = None if max_sizes is None else list(max_sizes)
         if self._pool is not None:
-            future = self._pool.submit(self._observe, window, max_sizes)
-            self._queue.append([future, info])
+            self._queue.append((entry, self._pool.submit(self._observe, entry, caps)))
         else:
-            self._queue.append([self._observe(window, max_sizes), info])
+            self._observe(entry, caps)
+            self._queue.append((entry, None))
 
-    def _observe(self, window: Window, max_sizes: list[int | None] | None) -> Decision:
-        self.controller.set_bounds(self.controller.min_size, max_sizes)
-        return self.controller.observe(window)
+    def _observe(self, entry: Pending, caps: list[int | None] | None) -> None:
+        try:
+            if caps is not None:
+                self.decider.set_bounds(self.min_size, caps)
+            entry.outcome = self.decider.observe(entry.window)
+        except Exception as err:  # reported through the next exchange, on every rank
+            entry.outcome = err
 
-    def take_ready(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """Remove and return the decisions that are ready, oldest first, without waiting.
+    def take_ready(self) -> list[Pending]:
+        """Remove and return the entries whose outcome is known, oldest first, without waiting.
 
-        Stops at the first one still computing, so decisions are always taken in order.
+        Stops at the first one still computing, so outcomes are always taken in order.
 
         Returns:
-            ``(Decision.to_dict(), info)`` pairs.
+            The entries.
         """
         out = []
         while self._queue:
-            pending, info = self._queue[0]
-            if isinstance(pending, concurrent.futures.Future) and not pending.done():
+            entry, future = self._queue[0]
+            if future is not None and not future.done():
                 break
             self._queue.popleft()
-            out.append((_as_dict(pending), info))
+            out.append(entry)
         return out
 
-    def drain(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """Wait for all queued work, and return the queued decisions, oldest first.
+    def drain(self) -> list[Pending]:
+        """Wait for all queued work, and return the queued entries, oldest first.
 
-        For checkpoints: afterwards the background thread is idle, so the controller's state
-        can be read (declines included), and the decisions stay queued until taken. This
+        For checkpoints: afterwards the background thread is idle, so the decider's state
+        can be read (declines included), and the entries stay queued until taken. This
         waits as long as the work left, at most a hyperparameter fit or two.
 
         Returns:
-            ``(Decision.to_dict(), info)`` pairs.
+            The entries, all with their outcome.
         """
         if self._pool is not None:
             self._pool.submit(lambda: None).result()  # a barrier: one thread, FIFO
-        for entry in self._queue:
-            entry[0] = _as_dict(entry[0])
-        return [(dict(d), info) for d, info in self._queue]
+        return [entry for entry, _ in self._queue]
 
-    def restore(self, entries: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-        """Queue decisions saved in a checkpoint again, as ready.
+    def restore(self, entries: Sequence[Pending]) -> None:
+        """Queue entries saved in a checkpoint again, as ready.
 
         Args:
-            entries: Pairs from :meth:`drain`.
+            entries: Entries from :meth:`drain`, with their outcomes.
         """
-        self._queue = collections.deque([dict(d), info] for d, info in entries)
+        self._queue = collections.deque((e, None) for e in entries)
 
     def decline(self) -> None:
-        """Tell the controller its proposal was not applied, after the windows queued so far."""
+        """Tell the decider its proposal was not applied, after the windows queued so far."""
         if self._pool is not None:
-            self._pool.submit(self.controller.decline)
+            self._pool.submit(self._decline)
         else:
-            self.controller.decline()
+            self._decline()
+
+    def _decline(self) -> None:
+        try:
+            self.decider.decline()
+        except Exception as err:  # the driver checks `error` at every exchange
+            self.error = err
 
     def shutdown(self) -> None:
         """Stop the background thread after any running observation."""

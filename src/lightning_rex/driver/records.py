@@ -1,104 +1,109 @@
-"""One record per observation window: to the Trainer's loggers and to ``rex_decisions.jsonl``.
+"""One record per observation window: to the loggers and to ``rex_decisions.jsonl``.
 
-Every window logs, on rank 0, the plan per rank, each rank's median compute time, the
-imbalance test's p-values and verdict, the decision with its predicted and measured step
-time, the true global throughput, and (on CUDA with NVML) each rank's telemetry. The JSONL
-file lives in the run's log directory and holds one JSON object per window with the keys
-``step``, ``plan``, ``median_ms``, ``p_values``, ``verdict``, ``decision``,
-``predicted_step_ms``, ``measured_step_ms`` and ``telemetry`` (plus a few more).
+Every window gives, on rank 0, one JSON object: the plan per rank, each rank's median compute
+time, the imbalance test's p-values and verdict, the decision with its predicted and measured
+step time, the true global throughput, the samples dropped as unusable, and (on CUDA with
+NVML) each rank's telemetry. Every record carries the run's ``run_id`` (kept across resumes)
+and a UTC ``time``, so that two runs writing to one directory stay apart.
+
+:class:`DecisionLog` appends records to the JSONL file and logs their scalars to the
+Trainer's loggers (any objects with ``log_metrics(metrics, step)``). A resumed run may come
+back to a window whose record the interrupted run already wrote (its decision was saved in
+the checkpoint before it was exchanged): the log skips a record whose ``run_id`` and
+``window`` the file already holds. :meth:`DecisionLog.read` skips a partial last line (a run
+killed while writing) and raises on any other malformed line.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_rex.core.controller import Decision
 from lightning_rex.core.window import Window
 from lightning_rex.measure.telemetry import throttled
 
-__all__ = ["DECISION_CODES", "DecisionLog", "build_record", "decision_payload", "window_metrics"]
+__all__ = ["DECISION_CODES", "DecisionLog", "build_record", "window_metrics"]
 
-DECISION_CODES = {"hold": 0, "propose": 1, "accept": 2, "rollback": 3, "recommend": 4}
+DECISION_CODES = {"hold": 0, "propose": 1, "accept": 2, "rollback": 3, "recommend": 4, "skip": 5}
 
 
 def _ms(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else 1000.0 * value
 
 
-def decision_payload(decision: dict[str, Any], window: Window, adaptive: bool) -> dict[str, Any]:
-    """Rank 0's view of a decision: what to apply, what to record, the summary to show.
-
-    Args:
-        decision: ``Decision.to_dict()``.
-        window: The window it was made on.
-        adaptive: Whether plans are applied; otherwise a proposal becomes a ``recommend``
-            (monitor-only), with its plan under ``recommended``.
-
-    Returns:
-        ``kind``, ``plan`` (to apply, or None), ``recommended``, ``decision`` and
-        ``imbalance`` (the window's max/min median ratio minus one).
-    """
-    med = window.medians
-    plan, kind = decision["plan"], decision["kind"]
-    recommend = plan is not None and not adaptive
-    return {
-        "kind": "recommend" if recommend else kind,
-        "plan": None if recommend else plan,
-        "recommended": plan if recommend else None,
-        "decision": decision,
-        "imbalance": float(med.max() / med.min() - 1.0),
-    }
-
-
 def build_record(
-    window: Window, payload: dict[str, Any], info: dict[str, Any], effective_step: int | None
+    window: Window,
+    decision: Decision,
+    info: dict[str, Any],
+    *,
+    kind: str,
+    new_plan: Sequence[int] | None,
+    effective_step: int | None,
+    plan_changes: int,
+    adaptive: bool,
+    run_id: str,
 ) -> dict[str, Any]:
     """The JSON record of one window and the decision exchanged for it.
 
     Args:
         window: The observed window.
-        payload: What rank 0 broadcast: ``kind``, ``plan``, ``recommended``, ``imbalance`` and
-            the controller's ``decision`` as a dictionary.
-        info: The window's extras: ``telemetry`` (per rank, or None), ``global_samples_per_s``,
-            ``window_samples`` and ``window_wall_s``.
+        decision: The decider's decision on it.
+        info: The window's extras: ``telemetry`` (per rank, or None),
+            ``global_samples_per_s``, ``window_samples``, ``window_wall_s`` and
+            ``dropped_samples``.
+        kind: The decision as applied: the decision's kind, or ``"recommend"`` for a
+            proposal that monitor-only use did not apply.
+        new_plan: The plan proposed (applied or recommended), or None.
         effective_step: The step the new plan took effect at, or None.
+        plan_changes: Plan changes in the run's schedule as of this decision.
+        adaptive: Whether plans are applied.
+        run_id: The run's id.
 
     Returns:
-        The record, without the run-level fields (``plan_changes``, ``adaptive``).
+        The record.
     """
-    d = payload["decision"]
-    sig = d["significance"] or {}
+    sig = decision.significance or {}
     telemetry = info.get("telemetry")
     slow = list(sig.get("slow_ranks", []))
-    measured, predicted = d["measured_step_s"], d["predicted_step_s"]
+    measured, predicted = decision.measured_step_s, decision.predicted_step_s
+    med = window.medians
     return {
+        "run_id": run_id,
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
         "step": window.step_end,
         "window": [window.step_start, window.step_end],
         "plan": list(window.plan),
-        "median_ms": (1000.0 * window.medians).tolist(),
+        "median_ms": (1000.0 * med).tolist(),
         "p_values": sig.get("p_values"),
         "verdict": "imbalanced" if sig.get("imbalanced") else "balanced",
-        "decision": payload["kind"],
-        "validated": bool(d.get("validated", False)),
-        "reason": d["reason"],
-        "new_plan": payload["plan"] or payload["recommended"],
+        "decision": kind,
+        "validated": bool(decision.validated),
+        "reason": decision.reason,
+        "new_plan": None if new_plan is None else list(new_plan),
         "effective_step": effective_step,
         "predicted_step_ms": _ms(predicted),
         "measured_step_ms": _ms(measured),
         "predicted_speedup": (measured / predicted) if (measured and predicted) else None,
-        "imbalance": payload["imbalance"],
+        "imbalance": float(med.max() / med.min() - 1.0),
         "global_samples_per_s": info.get("global_samples_per_s"),
         "window_samples": info.get("window_samples"),
         "window_wall_s": info.get("window_wall_s"),
+        "dropped_samples": int(info.get("dropped_samples", 0)),
         "telemetry": telemetry,
         "throttled_slow_ranks": [r for r in slow if telemetry and throttled(telemetry[r])],
+        "plan_changes": plan_changes,
+        "adaptive": adaptive,
     }
 
 
 def window_metrics(record: dict[str, Any]) -> dict[str, float]:
-    """Flatten a window record into scalar metrics for Lightning loggers.
+    """Flatten a window record into scalar metrics for loggers.
 
     Args:
         record: A record as written to the JSONL file.
@@ -122,49 +127,101 @@ def window_metrics(record: dict[str, Any]) -> dict[str, float]:
         "global_samples_per_s",
         "plan_changes",
         "predicted_speedup",
+        "dropped_samples",
     ):
         if record.get(key) is not None:
             out[f"rex/{key}"] = float(record[key])
     return out
 
 
+def _key(record: dict[str, Any]) -> tuple[str, int, int]:
+    start, end = record["window"]
+    return str(record.get("run_id")), int(start), int(end)
+
+
 class DecisionLog:
-    """Write window records to the loggers and to ``rex_decisions.jsonl`` (rank 0 only).
+    """Write window records to loggers and to ``rex_decisions.jsonl`` (rank 0 only).
 
     Args:
         directory: The run's log directory; the JSONL file is created there.
-        loggers: The Trainer's loggers.
+        loggers: Objects with ``log_metrics(metrics, step)`` (the Trainer's loggers).
+        run_id: The run's id: records of this run already in the file are not written again.
     """
 
-    def __init__(self, directory: str | Path, loggers: list[Any]) -> None:
+    def __init__(self, directory: str | Path, loggers: Sequence[Any], run_id: str) -> None:
         self.path = Path(directory) / "rex_decisions.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.loggers = loggers
+        self.loggers = list(loggers)
+        self._repair()
+        self._written = {
+            _key(r) for r in self.read(self.path) if r.get("run_id") == run_id and "window" in r
+        }
 
-    def write(self, record: dict[str, Any], step: int) -> None:
-        """Append ``record`` to the file and log its scalars at ``step``.
+    def _repair(self) -> None:
+        """Cut a partial last line (a run stopped while writing it) before appending."""
+        if not self.path.exists():
+            return
+        text = self.path.read_text()
+        if not text or text.endswith("\n"):
+            return
+        keep = text[: text.rfind("\n") + 1]
+        warnings.warn(
+            f"{self.path}: removing a partial last line (a run stopped while writing it)",
+            stacklevel=3,
+        )
+        self.path.write_text(keep)
+
+    def write(self, record: dict[str, Any], step: int) -> bool:
+        """Append ``record`` and log its scalars at ``step``, unless the file holds it already.
 
         Args:
             record: The window record (JSON-able).
-            step: The logger step (``trainer.global_step``).
+            step: The logger step.
+
+        Returns:
+            Whether it was written (False for a window this run already logged).
         """
+        key = _key(record)
+        if key in self._written:
+            return False
+        self._written.add(key)
         with self.path.open("a") as fh:
             fh.write(json.dumps(record, default=_json_default) + "\n")
         metrics = window_metrics(record)
         for logger in self.loggers:
             logger.log_metrics(metrics, step=step)
+        return True
 
     @staticmethod
     def read(path: str | Path) -> list[dict[str, Any]]:
         """Read a decision log back.
 
         Args:
-            path: The JSONL file.
+            path: The JSONL file (a missing file reads as empty).
 
         Returns:
-            The records in order.
+            The records in order; a partial last line is skipped with a warning.
+
+        Raises:
+            ValueError: For a malformed line other than the last.
         """
-        return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        p = Path(path)
+        if not p.exists():
+            return []
+        lines = [x for x in p.read_text().splitlines() if x.strip()]
+        out = []
+        for i, line in enumerate(lines):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                if i == len(lines) - 1:
+                    warnings.warn(
+                        f"{p}: skipping a partial last line (a run stopped while writing it)",
+                        stacklevel=2,
+                    )
+                    break
+                raise ValueError(f"{p}, line {i + 1}: not a JSON record ({err})") from None
+        return out
 
 
 def _json_default(obj: Any) -> Any:

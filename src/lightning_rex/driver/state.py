@@ -1,87 +1,218 @@
-"""What a resumed run needs from a checkpoint beyond the controller's own state.
+"""The window driver's checkpoint state: its layout, its checks, and resuming elsewhere.
 
-* Windows as plain data (a decision may be pending when a checkpoint is saved).
-* Measured rates keyed by device identity, so that a run resumed on another world size can
-  start from a plan fitted to its devices rather than the even plan.
+The state is plain JSON-able data (``version`` 2)::
+
+    {"version", "run_id", "world_size", "global_batch",
+     "skip_until", "exchange_at", "steps", "window_plan", "partial",   # the window so far
+     "pending",                                                         # decisions not exchanged
+     "dropped", "controller", "device_rates"}
+
+:func:`check_state` checks every field against the run before anything is restored: a
+partial window with one row of the same length per rank, steps in order, a window plan
+that sums to ``B``, pending decisions with their windows, and (through the decider's own
+check) the controller state. It is pure, so every rank runs it on the same checkpoint and
+fails alike, before any step. A checkpoint from another world size keeps only ``run_id``
+and ``device_rates``: fitted rates keyed by device identity, from which
+:func:`plan_from_device_rates` plans the new ranks.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from lightning_rex.core.controller import Decision
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.planner import affine_plan
+from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.state import (
+    StateError,
+    field,
+    int_list,
+    optional,
+    whole,
+)
 from lightning_rex.core.window import Window
+from lightning_rex.driver.observer import Pending
 
 __all__ = [
+    "STATE_VERSION",
+    "check_state",
     "device_rates",
-    "info_from_state",
-    "info_to_state",
+    "pending_from_state",
+    "pending_to_state",
     "plan_from_device_rates",
-    "window_from_state",
-    "window_to_state",
 ]
 
+STATE_VERSION = 2
+_INFO_KEYS = ("global_samples_per_s", "window_samples", "window_wall_s", "dropped_samples")
 
-def window_to_state(w: Window) -> dict[str, Any]:
-    """A window as JSON-able data.
+
+def pending_to_state(entry: Pending) -> dict[str, Any]:
+    """A queued window and its decision as JSON-able data (telemetry is not kept).
 
     Args:
-        w: The window.
+        entry: An entry whose outcome is a decision.
 
     Returns:
-        ``{"times", "plan", "start", "end"}``.
+        ``{"window": {...}, "info": {...}, "decision": {...}}``.
     """
+    assert isinstance(entry.outcome, Decision)
+    w = entry.window
     return {
-        "times": w.times.tolist(),
-        "plan": list(w.plan),
-        "start": w.step_start,
-        "end": w.step_end,
+        "window": {
+            "times": w.times.tolist(),
+            "plan": list(w.plan),
+            "start": w.step_start,
+            "end": w.step_end,
+        },
+        "info": {k: entry.info.get(k) for k in _INFO_KEYS},
+        "decision": entry.outcome.to_dict(),
     }
 
 
-def window_from_state(d: dict[str, Any]) -> Window:
-    """The inverse of :func:`window_to_state`.
+def pending_from_state(d: Any, name: str, world_size: int) -> Pending:
+    """Rebuild a queued entry, checking it.
 
     Args:
-        d: The dictionary.
+        d: A dictionary from :func:`pending_to_state`.
+        name: Its dotted name, for errors.
+        world_size: The number of ranks.
 
     Returns:
-        The window.
+        The entry, ready to be exchanged.
+
+    Raises:
+        StateError: Naming the field.
     """
-    times = np.asarray(d["times"], dtype=np.float64)
-    return Window(times, tuple(int(b) for b in d["plan"]), int(d["start"]), int(d["end"]))
+    wd = field(d, "window", name)
+    plan = int_list(field(wd, "plan", f"{name}.window"), f"{name}.window.plan", world_size, 1)
+    try:
+        window = Window(
+            np.asarray(field(wd, "times", f"{name}.window"), dtype=np.float64),
+            tuple(plan),
+            whole(field(wd, "start", f"{name}.window"), f"{name}.window.start", 0),
+            whole(field(wd, "end", f"{name}.window"), f"{name}.window.end", 1),
+        )
+    except (ValueError, TypeError) as err:
+        raise StateError(f"{name}.window", str(err)) from None
+    info = field(d, "info", name)
+    if not isinstance(info, dict):
+        raise StateError(f"{name}.info", "must be a mapping")
+    decision = Decision.from_dict(field(d, "decision", name), f"{name}.decision")
+    return Pending(window, {**info, "telemetry": None}, decision)
 
 
-def info_to_state(info: dict[str, Any]) -> dict[str, Any]:
-    """A window's extras (a decision not yet exchanged) as JSON-able data.
+def check_state(
+    s: Any,
+    world_size: int,
+    global_batch: int,
+    bounds: SizeBounds,
+    check_decider: Callable[[Any, int, int], Any] | None = None,
+) -> dict[str, Any]:
+    """Check a driver state against this run, before anything is restored.
 
     Args:
-        info: ``window`` plus the window's throughput figures; telemetry is not kept.
+        s: The state from a checkpoint.
+        world_size: This run's number of ranks.
+        global_batch: This run's global batch ``B``.
+        bounds: This run's size bounds.
+        check_decider: Checks the decider's state (``Controller.check_state``), or None.
 
     Returns:
-        A dictionary for :func:`info_from_state`.
+        The state, normalised; ``same_world`` says whether it was made with this run's
+        ``N`` and ``B`` (otherwise only ``run_id`` and ``device_rates`` are kept).
+
+    Raises:
+        StateError: Naming the first field that is missing or breaks an invariant.
     """
-    keys = ("global_samples_per_s", "window_samples", "window_wall_s")
-    return {"window": window_to_state(info["window"]), **{k: info.get(k) for k in keys}}
+    name = "rex_driver"
+    version = whole(field(s, "version", name), f"{name}.version")
+    if version != STATE_VERSION:
+        raise StateError(f"{name}.version", f"must be {STATE_VERSION}, got {version}")
+    out: dict[str, Any] = {
+        "run_id": str(field(s, "run_id", name)),
+        "device_rates": _rates(field(s, "device_rates", name), f"{name}.device_rates"),
+    }
+    n = whole(field(s, "world_size", name), f"{name}.world_size", 1)
+    b = whole(field(s, "global_batch", name), f"{name}.global_batch", n)
+    out["same_world"] = n == world_size and b == global_batch
+    if not out["same_world"]:
+        return out
+    out["skip_until"] = whole(field(s, "skip_until", name), f"{name}.skip_until", 0)
+    out["exchange_at"] = optional(field(s, "exchange_at", name), whole, f"{name}.exchange_at", 0)
+    steps = int_list(field(s, "steps", name), f"{name}.steps", None, 0)
+    if any(b2 <= a for a, b2 in itertools.pairwise(steps)):
+        raise StateError(f"{name}.steps", f"must be in increasing step order, got {steps}")
+    out["steps"] = steps
+    plan = optional(field(s, "window_plan", name), int_list, f"{name}.window_plan", n, 1)
+    if steps and plan is None:
+        raise StateError(f"{name}.window_plan", "must be a plan while the window holds steps")
+    if plan is not None:
+        try:
+            plan = bounds.check(plan, global_batch, "plan")
+        except ValueError as err:
+            raise StateError(f"{name}.window_plan", str(err)) from None
+    out["window_plan"] = plan
+    out["partial"] = _rows(field(s, "partial", name), f"{name}.partial", n, len(steps))
+    pend = field(s, "pending", name)
+    if not isinstance(pend, list):
+        raise StateError(f"{name}.pending", "must be a list")
+    out["pending"] = [pending_from_state(p, f"{name}.pending[{i}]", n) for i, p in enumerate(pend)]
+    out["dropped"] = whole(field(s, "dropped", name), f"{name}.dropped", 0)
+    ctl = field(s, "controller", name)
+    if ctl is not None and check_decider is not None:
+        check_decider(ctl, global_batch, world_size)
+    out["controller"] = ctl
+    return out
 
 
-def info_from_state(state: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of :func:`info_to_state` (telemetry comes back as None).
+def _rows(v: Any, name: str, rows: int, cols: int) -> list[list[float]]:
+    """Per-rank partial windows: ``rows`` lists of ``cols`` samples (None for a bad sample)."""
+    if not isinstance(v, list) or len(v) != rows:
+        raise StateError(name, f"must hold one row per rank ({rows}), got {_len(v)}")
+    out = []
+    for i, row in enumerate(v):
+        if not isinstance(row, list) or len(row) != cols:
+            raise StateError(
+                f"{name}[{i}]",
+                f"must hold one sample per step of the window ({cols}), got {_len(row)}",
+            )
+        vals = []
+        for j, x in enumerate(row):
+            if x is None:
+                vals.append(math.nan)
+            elif isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise StateError(f"{name}[{i}][{j}]", f"must be seconds or null, got {x!r}")
+            else:
+                vals.append(float(x))
+        out.append(vals)
+    return out
 
-    Args:
-        state: A dictionary from :func:`info_to_state`.
 
-    Returns:
-        The window's extras.
-    """
-    return {**state, "window": window_from_state(state["window"]), "telemetry": None}
+def _len(v: Any) -> str:
+    return f"{len(v)} entries" if isinstance(v, list) else type(v).__name__
 
 
-def device_rates(keys: list[str], summary: dict[str, list[float]]) -> dict[str, list[float]]:
+def _rates(v: Any, name: str) -> dict[str, list[float]]:
+    if not isinstance(v, dict):
+        raise StateError(name, "must be a mapping of device to [rate, overhead]")
+    out = {}
+    for k, pair in v.items():
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise StateError(f"{name}[{k!r}]", "must be [rate, overhead]")
+        rate, over = (float(x) for x in pair)
+        if not (math.isfinite(rate) and rate > 0 and math.isfinite(over) and over >= 0):
+            raise StateError(f"{name}[{k!r}]", f"must be a rate > 0 and an overhead >= 0: {pair}")
+        out[str(k)] = [rate, over]
+    return out
+
+
+def device_rates(keys: Sequence[str], summary: dict[str, list[float]]) -> dict[str, list[float]]:
     """Fitted rate and overhead per device identity, averaged over the ranks that have it.
 
     Args:
@@ -103,25 +234,23 @@ def device_rates(keys: list[str], summary: dict[str, list[float]]) -> dict[str, 
 
 
 def plan_from_device_rates(
-    rates: dict[str, list[float]], device_keys: list[str], global_batch: int, min_size: int
+    rates: dict[str, list[float]], device_keys: Sequence[str], global_batch: int, bounds: SizeBounds
 ) -> Plan | None:
     """The minimax plan from rates measured per device identity, if every rank's is known.
 
     Args:
         rates: Device identity to ``[rate (samples/s), overhead (s)]``, from a checkpoint.
         device_keys: This run's device identity per rank.
-        global_batch: This run's global batch B.
-        min_size: The smallest micro-batch.
+        global_batch: This run's global batch ``B``.
+        bounds: This run's size bounds.
 
     Returns:
         The plan equalising ``overhead + b / rate`` across ranks, or None when a rank's
-        device was not measured before (the caller keeps the even plan).
+        device was not measured before (the caller keeps its plan).
     """
     if not device_keys or any(k not in rates for k in device_keys):
         return None
-    n = len(device_keys)
     over = np.array([rates[k][1] for k in device_keys])
     slope = np.array([1.0 / rates[k][0] for k in device_keys])
-    lo = np.full(n, min_size, dtype=np.int64)
-    hi = np.full(n, global_batch - (n - 1) * min_size, dtype=np.int64)
+    lo, hi = bounds.arrays(global_batch, len(device_keys))
     return affine_plan(over, slope, global_batch, lo, hi)

@@ -1,84 +1,113 @@
-"""The few collectives the callback issues, each on the training thread and on every rank.
+"""The window driver's collectives over ``torch.distributed``, through Lightning Fabric.
 
-All ranks must call these at the same point: they are collectives (except without an
-initialised process group, where they return this rank's value alone).
+:class:`TorchCollectives` implements :class:`~lightning_rex.driver.protocols.Collectives` on
+Fabric's :class:`~lightning.fabric.plugins.collectives.TorchCollective` bound to the default
+(world) process group that the strategy set up. Rows travel as float64 tensors: on the
+rank's device under NCCL, on the CPU otherwise. Plain collectives, no autograd wrappers:
+a window boundary costs one ``all_gather`` and an exchange one ``broadcast``.
+
+:func:`driver_collectives` picks it when a process group is initialised, and the driver's
+in-process :class:`~lightning_rex.driver.protocols.LocalCollectives` otherwise (one device,
+no process group).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.collectives import TorchCollective
 
+from lightning_rex.driver.protocols import Collectives, LocalCollectives
 from lightning_rex.measure.telemetry import GpuTelemetry
 
-__all__ = ["broadcast_row", "device_key", "gather_objects", "gather_rows"]
+__all__ = ["TorchCollectives", "device_key", "driver_collectives"]
 
 
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def _comm_device(trainer: pl.Trainer) -> torch.device:
-    """Where collective tensors live: the rank's device for NCCL, the CPU otherwise."""
-    nccl = torch.distributed.get_backend() == "nccl"
-    return trainer.strategy.root_device if nccl else torch.device("cpu")
-
-
-def gather_rows(trainer: pl.Trainer, local: torch.Tensor) -> np.ndarray:
-    """All-gather one 1-D tensor per rank into an ``(N, len)`` array, in one collective.
+class TorchCollectives:
+    """One rank per process, over the world process group.
 
     Args:
-        trainer: The Trainer (for the device NCCL needs).
-        local: This rank's row; every rank passes the same length.
-
-    Returns:
-        The rows of all ranks, in rank order.
+        device: The rank's device (collective tensors go there under NCCL).
     """
-    if not _distributed():
-        return local.reshape(1, -1).numpy()
-    # torch.distributed directly: no autograd wrapper (Lightning's all_gather has one), a
-    # window boundary costs one plain collective
-    mine = local.to(_comm_device(trainer))
-    rows = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(rows, mine)
-    return torch.stack(rows).cpu().numpy()
+
+    def __init__(self, device: torch.device) -> None:
+        self._c = TorchCollective()
+        nccl = dist.get_backend() == "nccl"
+        self._device = device if nccl else torch.device("cpu")
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return int(self._c.rank)
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return int(self._c.world_size)
+
+    @property
+    def hosted(self) -> int:
+        """One rank per process."""
+        return 1
+
+    def gather_rows(self, rows: np.ndarray) -> np.ndarray:
+        """All-gather this rank's row into an ``(N, L)`` array, in one collective.
+
+        Args:
+            rows: Shape ``(1, L)``; every rank passes the same ``L``.
+
+        Returns:
+            Every rank's row, in rank order.
+        """
+        mine = torch.as_tensor(np.asarray(rows, dtype=np.float64).reshape(-1), device=self._device)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        self._c.all_gather(out, mine)
+        return torch.stack(out).cpu().numpy()
+
+    def broadcast_row(self, row: np.ndarray) -> np.ndarray:
+        """Rank 0's row on every rank, in one collective.
+
+        Args:
+            row: Rank 0's values; others pass a row of the same shape.
+
+        Returns:
+            Rank 0's row.
+        """
+        buf = torch.as_tensor(np.asarray(row, dtype=np.float64).copy(), device=self._device)
+        self._c.broadcast(buf, src=0)
+        return buf.cpu().numpy()
+
+    def gather_objects(self, objs: Sequence[Any]) -> list[Any]:
+        """All-gather one picklable object per rank.
+
+        Args:
+            objs: This rank's object, as a one-element sequence.
+
+        Returns:
+            The objects of all ranks, in rank order.
+        """
+        out: list[Any] = [None] * self.world_size
+        self._c.all_gather_object(out, objs[0])
+        return out
 
 
-def broadcast_row(trainer: pl.Trainer, row: torch.Tensor) -> torch.Tensor:
-    """Broadcast rank 0's 1-D tensor to every rank, in one collective.
+def driver_collectives(device: torch.device) -> Collectives:
+    """The driver's collectives for this process.
 
     Args:
-        trainer: The Trainer (for the device NCCL needs).
-        row: Rank 0's values; other ranks pass a tensor of the same shape and dtype.
+        device: The rank's device.
 
     Returns:
-        Rank 0's row, on the CPU.
+        :class:`TorchCollectives` with an initialised process group, else a one-rank
+        :class:`~lightning_rex.driver.protocols.LocalCollectives`.
     """
-    if not _distributed():
-        return row
-    buf = row.to(_comm_device(trainer))
-    torch.distributed.broadcast(buf, src=0)
-    return buf.cpu()
-
-
-def gather_objects(trainer: pl.Trainer, obj: Any) -> list[Any]:
-    """All-gather one picklable object per rank.
-
-    Args:
-        trainer: The Trainer, for the world size.
-        obj: This rank's object.
-
-    Returns:
-        The objects of all ranks, in rank order.
-    """
-    if not _distributed():
-        return [obj]
-    out: list[Any] = [None] * trainer.world_size
-    torch.distributed.all_gather_object(out, obj)
-    return out
+    if dist.is_available() and dist.is_initialized():
+        return TorchCollectives(device)
+    return LocalCollectives(1)
 
 
 def device_key(device: torch.device, telemetry: GpuTelemetry | None) -> str:

@@ -16,14 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
-from lightning_rex.core.plan import Plan, even_plan, round_fractions, validate_plan
+from lightning_rex.core.plan import Plan, even_plan, round_fractions
+from lightning_rex.core.schedule import SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
+from lightning_rex.data.sampler import UnevenBatchSampler
 from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
+from lightning_rex.lightning.progress import loader_state_to_restore, steps_done
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -40,26 +46,33 @@ class RexStrategy(DDPStrategy):
 
     Registered with Lightning as ``"rex"`` (``start_method="popen"``), ``"rex_spawn"`` and
     ``"rex_fork"`` on ``import lightning_rex``. The class path ``lightning_rex.RexStrategy``
-    works from LightningCLI without that import.
+    works from LightningCLI without that import. It takes :class:`DDPStrategy`'s arguments
+    unchanged, positional ones included; its own are keyword-only.
 
     Args:
+        *args: :class:`~lightning.pytorch.strategies.DDPStrategy`'s positional arguments
+            (``accelerator``, ``parallel_devices``, ...), passed through.
         micro_batch_sizes: The initial plan as per-rank sizes, one per rank (global rank
             order), summing to ``batch_size x world_size``. Mutually exclusive with
             ``batch_fractions``. Default (both None): the even plan.
         batch_fractions: The initial plan as per-rank fractions of the global batch, summing
             to 1 within 1e-6; rounded to sizes by largest remainder, ties to the lowest rank.
-        min_micro_batch_size: The smallest micro-batch any rank may get (default 1;
-            BatchNorm models want >= 2).
+        min_micro_batch_size: The smallest micro-batch any plan may give a rank. None (the
+            default): 1, or 2 when the module holds a BatchNorm layer (a 1-sample batch
+            raises in training mode); the choice is logged.
+        max_micro_batch_size: The largest micro-batch any plan may give a rank (None: no
+            bound beyond the global batch; on CUDA the callback also bounds each rank by its
+            free memory).
         loss_reduction: What ``training_step``'s loss is over its micro-batch: ``"mean"`` (the
             default) or ``"sum"``.
         adaptive: Let a :class:`~lightning_rex.RexCallback` change the plan at run time (the
             default). If no ``RexCallback`` is among the Trainer's callbacks, one with default
-            arguments is attached. ``adaptive=False`` keeps the initial plan fixed (an
-            explicit ``RexCallback`` then only monitors).
+            arguments is attached, ahead of the checkpoint callbacks. ``adaptive=False`` keeps
+            the initial plan fixed (an explicit ``RexCallback`` then only monitors).
         **kwargs: Passed through to :class:`~lightning.pytorch.strategies.DDPStrategy`
-            (``process_group_backend``, ``find_unused_parameters``, ``ddp_comm_hook``,
-            ``start_method``, ...). ``model_averaging_period`` is rejected: it averages
-            parameters without weights.
+            (``process_group_backend``, ``timeout``, ``find_unused_parameters``,
+            ``ddp_comm_hook``, ``start_method``, ...). ``model_averaging_period`` is rejected:
+            it averages parameters without weights.
 
     Raises:
         ValueError: For a bad configuration, naming the argument and the allowed values.
@@ -69,9 +82,11 @@ class RexStrategy(DDPStrategy):
 
     def __init__(
         self,
+        *args: Any,
         micro_batch_sizes: Sequence[int] | None = None,
         batch_fractions: Sequence[float] | None = None,
-        min_micro_batch_size: int = 1,
+        min_micro_batch_size: int | None = None,
+        max_micro_batch_size: int | None = None,
         loss_reduction: LossReduction = "mean",
         adaptive: bool = True,
         **kwargs: Any,
@@ -82,10 +97,10 @@ class RexStrategy(DDPStrategy):
                 f"micro_batch_sizes={list(micro_batch_sizes)}, "
                 f"batch_fractions={list(batch_fractions)})"
             )
-        if not isinstance(min_micro_batch_size, int) or min_micro_batch_size < 1:
-            raise ValueError(
-                f"min_micro_batch_size must be an int >= 1, got {min_micro_batch_size!r}"
-            )
+        # checks the bounds' own rules and names the argument
+        bounds = SizeBounds(
+            1 if min_micro_batch_size is None else min_micro_batch_size, max_micro_batch_size
+        )
         if loss_reduction not in LOSS_REDUCTIONS:
             raise ValueError(
                 f"loss_reduction must be one of {LOSS_REDUCTIONS}, got {loss_reduction!r}"
@@ -97,23 +112,23 @@ class RexStrategy(DDPStrategy):
                 "micro-batches. Allowed value: None."
             )
         if micro_batch_sizes is not None:
-            bad = [b for b in micro_batch_sizes if int(b) != b or b < min_micro_batch_size]
-            if bad:
+            bad = [b for b in micro_batch_sizes if int(b) != b]
+            if bad or not micro_batch_sizes:
                 raise ValueError(
-                    f"micro_batch_sizes must be integers >= min_micro_batch_size="
-                    f"{min_micro_batch_size}, got {list(micro_batch_sizes)}"
+                    f"micro_batch_sizes must be a non-empty list of integers, got "
+                    f"{list(micro_batch_sizes)}"
                 )
+            bounds.check(micro_batch_sizes, sum(micro_batch_sizes), "micro_batch_sizes")
         if batch_fractions is not None:
             # checks sign and sum now; sizes are rounded once B is known
             round_fractions(
-                batch_fractions,
-                10 * len(batch_fractions) * min_micro_batch_size,
-                min_micro_batch_size,
+                batch_fractions, 10 * len(batch_fractions) * bounds.min_size, bounds.min_size
             )
-        super().__init__(**kwargs)
+        super().__init__(*args, **kwargs)
         self.micro_batch_sizes = None if micro_batch_sizes is None else tuple(micro_batch_sizes)
         self.batch_fractions = None if batch_fractions is None else tuple(batch_fractions)
         self.min_micro_batch_size = min_micro_batch_size
+        self.max_micro_batch_size = max_micro_batch_size
         self.loss_reduction: LossReduction = loss_reduction
         self.adaptive = bool(adaptive)
         self._loader: RexDataLoader | None = None
@@ -173,7 +188,9 @@ class RexStrategy(DDPStrategy):
         """Attach a default :class:`~lightning_rex.RexCallback` when adaptive and none is given.
 
         This runs before callbacks are set up and restored from a checkpoint, so the attached
-        callback takes part in both.
+        callback takes part in both. It goes ahead of the checkpoint callbacks (which
+        Lightning has already moved to the end), so that a checkpoint taken at a step holds
+        the callback's state of that step.
         """
         module = self.lightning_module
         trainer = module._trainer if module is not None else None
@@ -182,7 +199,11 @@ class RexStrategy(DDPStrategy):
 
             callbacks = trainer.callbacks  # type: ignore[attr-defined]
             if not any(isinstance(c, RexCallback) for c in callbacks):
-                callbacks.append(RexCallback())
+                at = next(
+                    (i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)),
+                    len(callbacks),
+                )
+                callbacks.insert(at, RexCallback())
         super().setup_environment()
 
     def setup(self, trainer: pl.Trainer) -> None:
@@ -190,14 +211,31 @@ class RexStrategy(DDPStrategy):
 
         Args:
             trainer: The Trainer.
+
+        Raises:
+            ValueError: For ``model_averaging_period``.
         """
-        module = self.lightning_module
-        if module is not None and not module.automatic_optimization:
+        if getattr(self, "_model_averaging_period", None) is not None:
             raise ValueError(
-                "RexStrategy supports automatic optimization only (automatic_optimization=True): "
-                "with manual optimization REX cannot weight the uneven micro-batches' gradients."
+                "model_averaging_period is not supported by RexStrategy: it averages parameters "
+                "across ranks without weights, which breaks the exact weighting of uneven "
+                "micro-batches. Allowed value: None."
             )
         super().setup(trainer)
+
+    # ------------------------------------------------------------------ bounds and plans
+    @property
+    def bounds(self) -> SizeBounds:
+        """The size bounds every plan obeys (the minimum resolved once the module is known)."""
+        return SizeBounds(self._min_size(), self.max_micro_batch_size)
+
+    def _min_size(self) -> int:
+        if self.min_micro_batch_size is not None:
+            return self.min_micro_batch_size
+        module = self.lightning_module
+        if module is not None and any(isinstance(m, _BatchNorm) for m in module.modules()):
+            return 2
+        return 1
 
     def initial_plan(self, global_batch: int) -> Plan:
         """The plan to start from for a global batch, from the init arguments.
@@ -207,23 +245,38 @@ class RexStrategy(DDPStrategy):
 
         Returns:
             The validated initial plan.
+
+        Raises:
+            ValueError: Naming the argument, when the plan does not fit ``B``, the world size
+                or the bounds.
         """
         n = self.world_size
+        bounds = self.bounds
+        bounds.check_feasible(global_batch, n)
         if self.micro_batch_sizes is not None:
-            return validate_plan(self.micro_batch_sizes, global_batch, n, self.min_micro_batch_size)
+            if len(self.micro_batch_sizes) != n:
+                raise ValueError(
+                    f"micro_batch_sizes must have one entry per rank: the world size is {n}, got "
+                    f"{len(self.micro_batch_sizes)} entries ({list(self.micro_batch_sizes)})"
+                )
+            return bounds.check(self.micro_batch_sizes, global_batch, "micro_batch_sizes")
         if self.batch_fractions is not None:
             if len(self.batch_fractions) != n:
                 raise ValueError(
                     f"batch_fractions must have one entry per rank: expected {n}, got "
                     f"{len(self.batch_fractions)}"
                 )
-            return round_fractions(self.batch_fractions, global_batch, self.min_micro_batch_size)
-        plan = even_plan(global_batch, n)
-        return validate_plan(plan, global_batch, n, self.min_micro_batch_size, name="the even plan")
+            plan = round_fractions(self.batch_fractions, global_batch, bounds.min_size)
+            return bounds.check(plan, global_batch, "batch_fractions")
+        return bounds.check(even_plan(global_batch, n), global_batch, "the even plan")
 
     # ------------------------------------------------------------------ data
     def process_dataloader(self, dataloader: object) -> object:
         """Swap the uneven batch sampler into the train loader; leave other loaders alone.
+
+        When resuming, the checkpoint's loader position is restored here at once, before
+        Lightning sizes the epoch from ``len(loader)``: a position from another world size
+        (or a resumed epoch's own grid) changes how many batches the epoch has left.
 
         Args:
             dataloader: The loader after Lightning injected its DistributedSampler.
@@ -234,17 +287,25 @@ class RexStrategy(DDPStrategy):
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or trainer.state.stage != RunningStage.TRAINING:
             return dataloader
-        accumulate = trainer.accumulate_grad_batches
+        bounds = self.bounds
+        if self.min_micro_batch_size is None and bounds.min_size > 1:
+            rank_zero_info(
+                "lightning-rex: the module has BatchNorm layers, so no rank gets a micro-batch "
+                "below 2 samples (set RexStrategy(min_micro_batch_size=...) to choose)"
+            )
         self._loader = build_rex_loader(
             dataloader,
             world_size=self.world_size,
             rank=self.global_rank,
             plan_for=self.initial_plan,
-            accumulate_grad_batches=accumulate,
-            step_source=lambda: trainer.global_step,
-            min_micro_batch_size=self.min_micro_batch_size,
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            step_source=lambda: steps_done(trainer),
+            bounds=bounds,
             use_distributed_sampler=trainer._accelerator_connector.use_distributed_sampler,
         )
+        saved = loader_state_to_restore(trainer)
+        if saved is not None:
+            self._loader.load_state_dict(saved)
         return self._loader
 
     @property
@@ -253,8 +314,13 @@ class RexStrategy(DDPStrategy):
         return self._loader
 
     @property
+    def plan_target(self) -> UnevenBatchSampler | None:
+        """The train loader's sampler: the home of the plan schedule (None before it exists)."""
+        return None if self._loader is None else self._loader.batch_sampler
+
+    @property
     def plan(self) -> Plan | None:
-        """The plan in force at the current optimizer step; None before the train loader."""
+        """The plan in force at the current step; None before the train loader."""
         if self._loader is None:
             return None
         return self._loader.batch_sampler.plan_at(self._current_step())
@@ -268,27 +334,30 @@ class RexStrategy(DDPStrategy):
         module = self.lightning_module
         if module is None or module._trainer is None:
             return 0
-        return int(module.trainer.global_step)
+        return steps_done(module.trainer)
 
     def set_plan(self, sizes: Sequence[int], at_step: int | None = None) -> int:
         """Schedule a new plan on every rank; all ranks must call this together.
 
         Rank 0's arguments are broadcast, so ranks cannot diverge. The plan takes effect at
-        the first optimizer-step boundary at or after ``at_step`` whose batches no rank has
-        fetched yet (DataLoader worker prefetch included); a gradient-accumulation window
-        always uses one plan.
+        the first step boundary at or after ``at_step`` whose batches no rank has fetched
+        yet (DataLoader worker prefetch included); a gradient-accumulation window always
+        uses one plan. A :class:`~lightning_rex.RexCallback` keeps monitoring: it takes the
+        new plan as the one in force.
 
         Args:
-            sizes: The new per-rank sizes, summing to the global batch.
-            at_step: The optimizer step (``trainer.global_step``) to switch at; None means as
-                soon as possible.
+            sizes: The new per-rank sizes, summing to the global batch, within
+                ``min_micro_batch_size`` and ``max_micro_batch_size``.
+            at_step: The step to switch at (``trainer.global_step`` under automatic
+                optimization; batches under manual optimization); None means as soon as
+                possible.
 
         Returns:
-            The optimizer step from which the plan is in force.
+            The step from which the plan is in force.
 
         Raises:
             RuntimeError: Before the train loader is set up.
-            ValueError: If the plan is invalid for this run.
+            ValueError: If the plan is invalid for this run (on every rank alike).
         """
         if self._loader is None:
             raise RuntimeError("set_plan needs the train loader: call it once fit has started")
@@ -296,13 +365,12 @@ class RexStrategy(DDPStrategy):
         payload = self.broadcast(
             (tuple(int(b) for b in sizes), None if at_step is None else int(at_step)), src=0
         )
-        plan = validate_plan(
-            payload[0],
-            sampler.global_batch,
-            sampler.world_size,
-            self.min_micro_batch_size,
-            name="sizes",
-        )
+        if len(payload[0]) != sampler.world_size:
+            raise ValueError(
+                f"sizes must have one entry per rank: expected {sampler.world_size} entries, got "
+                f"{len(payload[0])} ({list(payload[0])})"
+            )
+        plan = sampler.bounds.check(payload[0], sampler.global_batch)
         wanted = self._current_step() if payload[1] is None else payload[1]
         fetched = sampler.last_fetched_step()
         if dist.is_available() and dist.is_initialized():
@@ -418,6 +486,20 @@ class RexStrategy(DDPStrategy):
                 "RexStrategy supports exactly one train dataloader, got "
                 f"{len(combined.flattened)}; combine the datasets into one (for example with "
                 "torch.utils.data.ConcatDataset)"
+            )
+        loader = self._loader
+        limit = trainer.limit_train_batches if trainer is not None else None
+        if (
+            loader is not None
+            and trainer is not None
+            and isinstance(limit, float)
+            and limit == 1.0
+            and trainer.fit_loop.max_batches != len(loader)
+        ):
+            raise RuntimeError(
+                f"lightning-rex: Lightning sized this epoch at {trainer.fit_loop.max_batches} "
+                f"batches but the REX loader has {len(loader)}; training on would lose or repeat "
+                "samples. Please report this with your Lightning version."
             )
         super().on_train_start()
 

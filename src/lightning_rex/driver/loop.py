@@ -1,0 +1,541 @@
+"""The window loop: step times in, windows to the decider, decisions exchanged, plans applied.
+
+:class:`WindowDriver` is what training and the simulator share. Each process runs one; every
+call below is made by every process at the same step, so the collectives it issues line up:
+
+* :meth:`~WindowDriver.start` agrees on the run (device identities, the first step nobody
+  has fetched, the run id), restores a checkpoint or applies the warm-up, and builds the
+  decider on rank 0.
+* :meth:`~WindowDriver.record` takes one step's own compute time of every hosted rank. Steps
+  in the warm-up, steps before a new plan is in force and the epoch's final partial batch are
+  not measured; a window holds steps of one plan only. After ``window`` samples all ranks
+  gather them (**one** collective, with each rank's memory cap and failure flag) and rank 0
+  hands the :class:`~lightning_rex.core.window.Window` to the decider (in a background thread
+  that only computes, or inline). Samples that are not finite positive seconds are dropped
+  (the step's column) and counted.
+* ``decision_lag`` steps after a window closes, at an **exchange**, rank 0 broadcasts the
+  decisions that are ready ("decision or none", never waiting for one still computing: then
+  every rank polls again ``decision_lag`` steps later). A plan is scheduled on every rank
+  from the first step nobody has fetched; samples measured before it are dropped. In
+  monitor-only use a proposal is declined and recorded as ``recommend``.
+* :meth:`~WindowDriver.state_dict` gathers the partial window for a checkpoint;
+  :meth:`~WindowDriver.finish` agrees at the end of training that nothing failed.
+
+Failures reach every rank. Local work (reading timers, memory, the decider on rank 0) runs
+under :meth:`~WindowDriver.guard`: an exception is kept, the loop goes on with the same
+collectives, and the next one carries a failure flag; then every rank raises the same
+:class:`~lightning_rex.driver.errors.RexRankError`, naming the failing rank and its error.
+Nothing waits on a socket closing (NCCL would not notice for 30 minutes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lightning_rex.core.controller import Decision
+from lightning_rex.core.plan import Plan
+from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.window import Window
+from lightning_rex.driver.errors import RexRankError
+from lightning_rex.driver.exchange import ExchangeMessage
+from lightning_rex.driver.observer import BackgroundObserver, Pending
+from lightning_rex.driver.protocols import Collectives, Decider, PlanTarget
+from lightning_rex.driver.records import build_record
+from lightning_rex.driver.state import (
+    STATE_VERSION,
+    check_state,
+    device_rates,
+    pending_to_state,
+    plan_from_device_rates,
+)
+
+__all__ = ["LoopConfig", "WindowDriver"]
+
+DeciderFactory = Callable[[Plan, SizeBounds], Decider]
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """How the window loop runs.
+
+    Args:
+        window: Steps per observation window (an integer >= 5).
+        decision_lag: Steps from a window's end to the exchange of its decision, and between
+            polls for a decision not ready yet; None for ``window // 2``. In ``[1, window)``.
+        warmup: Steps at the start of a fit that are not measured (>= 0); not applied again
+            when resuming on the same world size.
+        background: Run the decider in a background thread on rank 0 (training never waits
+            for it); False runs it inline, so every decision lands on a step fixed in advance.
+        apply_plans: Apply decisions; False is monitor-only (proposals become
+            ``recommend`` records and the decider is told they were declined).
+        min_steps: The fewest usable steps a window needs after dropping bad samples.
+
+    Raises:
+        ValueError: Naming the argument, for values outside those ranges.
+    """
+
+    window: int = 30
+    decision_lag: int | None = None
+    warmup: int = 10
+    background: bool = True
+    apply_plans: bool = True
+    min_steps: int = 5
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window, bool) or int(self.window) != self.window or self.window < 5:
+            raise ValueError(f"window must be an integer >= 5 steps, got {self.window}")
+        if isinstance(self.warmup, bool) or int(self.warmup) != self.warmup or self.warmup < 0:
+            raise ValueError(f"warmup must be an integer >= 0 steps, got {self.warmup}")
+        if not 1 <= self.lag < self.window or int(self.lag) != self.lag:
+            raise ValueError(
+                f"decision_lag must be in [1, window={self.window}), got {self.decision_lag}"
+            )
+
+    @property
+    def lag(self) -> int:
+        """The decision lag in steps."""
+        return self.window // 2 if self.decision_lag is None else self.decision_lag
+
+
+class WindowDriver:
+    """One process's part of the window loop (see the module docstring).
+
+    Args:
+        config: The loop's settings.
+        collectives: The collectives (:class:`~lightning_rex.driver.protocols.Collectives`).
+        target: Where plans take effect (:class:`~lightning_rex.driver.protocols.PlanTarget`).
+        make_decider: Builds the decider on rank 0 from the plan in force and the bounds.
+        check_decider_state: Checks a saved decider state on every rank before a resume
+            (``Controller.check_state``), or None.
+        resolve: Turns the samples passed to :meth:`record` into seconds, shape
+            ``(hosted, K)`` (CUDA events are read here, once per window); default: they are
+            seconds already.
+        clock: Wall-clock seconds, for the window's throughput (the simulator passes its
+            simulated clock).
+        caps: Each hosted rank's current upper bound on its micro-batch (memory), or None.
+        telemetry: Each hosted rank's telemetry sample, gathered with every window, or None
+            (the same choice on every rank).
+        on_record: Receives each window's record on rank 0.
+        on_exchange: Receives every exchange's message, on every rank.
+    """
+
+    def __init__(
+        self,
+        config: LoopConfig,
+        collectives: Collectives,
+        target: PlanTarget,
+        make_decider: DeciderFactory,
+        *,
+        check_decider_state: Callable[[Any, int, int], Any] | None = None,
+        resolve: Callable[[list[Any]], np.ndarray] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        caps: Callable[[], list[int | None]] | None = None,
+        telemetry: Callable[[], list[Any]] | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+        on_exchange: Callable[[ExchangeMessage], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.collectives = collectives
+        self.target = target
+        self._make_decider = make_decider
+        self._check_decider = check_decider_state
+        self._resolve = resolve or _as_seconds
+        self._clock = clock
+        self._caps = caps
+        self._telemetry = telemetry
+        self._on_record = on_record
+        self._on_exchange = on_exchange
+        self.decider: Decider | None = None
+        self.observer: BackgroundObserver | None = None
+        self.records: list[dict[str, Any]] = []
+        self.run_id = ""
+        self.dropped = 0
+        self.device_keys: list[str] = []
+        self._failure: tuple[BaseException, str] | None = None
+        self._skip_until = 0
+        self._exchange_at: int | None = None
+        self._samples: list[Any] = []
+        self._steps: list[int] = []
+        self._window_plan: Plan | None = None
+        self._t0 = 0.0
+        self._last_clock = 0.0
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def is_rank_zero(self) -> bool:
+        """Whether this process hosts rank 0 (and so the decider)."""
+        return self.collectives.rank == 0
+
+    @property
+    def exchange_at(self) -> int | None:
+        """The step of the next exchange, agreed by every rank, or None."""
+        return self._exchange_at
+
+    @property
+    def measuring_from(self) -> int:
+        """The first step that may be measured (warm-up, or a new plan's first step)."""
+        return self._skip_until
+
+    @property
+    def window_steps(self) -> list[int]:
+        """The steps in the window being filled."""
+        return list(self._steps)
+
+    # ------------------------------------------------------------------ failures
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Run local work; an exception is kept and raised on every rank at the next collective.
+
+        Only for work that issues no collective.
+
+        Args:
+            what: What the work is, for the error message ("reading the timer").
+
+        Yields:
+            Nothing.
+        """
+        try:
+            yield
+        except Exception as err:
+            self._fail(err, what)
+
+    def _fail(self, err: BaseException, what: str) -> None:
+        if self._failure is None:
+            self._failure = (err, f"{type(err).__name__}: {err} (while {what})")
+
+    def _flags(self) -> np.ndarray:
+        flags = np.zeros(self.collectives.hosted)
+        flags[0] = float(self._failure is not None)
+        return flags
+
+    def _check(self, flags: np.ndarray, where: str) -> None:
+        """Every rank: raise the first failing rank's error if any rank's flag is set."""
+        bad = np.flatnonzero(np.asarray(flags) > 0)
+        if bad.size == 0:
+            return
+        mine = None if self._failure is None else self._failure[1]
+        texts = self.collectives.gather_objects(
+            [mine if i == 0 else None for i in range(self.collectives.hosted)]
+        )
+        rank = int(bad[0])
+        own = rank == self.collectives.rank and self._failure is not None
+        self.close()
+        error = RexRankError(rank, str(texts[rank] or "(no message)"), where)
+        if own:
+            assert self._failure is not None
+            raise error from self._failure[0]
+        raise error
+
+    # ------------------------------------------------------------------ start
+    def start(
+        self, step: int, device_keys: Sequence[str], state: dict[str, Any] | None = None
+    ) -> None:
+        """Begin a fit at ``step`` (every rank).
+
+        Args:
+            step: The first step of this fit.
+            device_keys: Each hosted rank's device identity (a GPU's name, or ``"cpu"``).
+            state: A :meth:`state_dict` from a checkpoint, or None for a fresh start.
+
+        Raises:
+            StateError: On every rank alike, when the checkpoint state breaks an invariant.
+            RexRankError: On every rank, when a rank failed to start.
+        """
+        sched = self.target.plan_schedule
+        n, b, bounds = sched.world_size, sched.global_batch, sched.bounds
+        saved = None if state is None else check_state(state, n, b, bounds, self._check_decider)
+        run_id = saved["run_id"] if saved is not None else uuid.uuid4().hex[:12]
+        free = self.target.first_free_step()
+        mine = None if self._failure is None else self._failure[1]
+        objs = self.collectives.gather_objects(
+            [(str(k), free, run_id, mine if i == 0 else None) for i, k in enumerate(device_keys)]
+        )
+        self._check(np.array([o[3] is not None for o in objs], dtype=float), "the start of the fit")
+        self.device_keys = [o[0] for o in objs]
+        self.run_id = str(objs[0][2])
+        plan = sched.plan_at(step)
+        same = saved is not None and saved["same_world"]
+        if saved is not None and not same and self.config.apply_plans:
+            fitted = plan_from_device_rates(saved["device_rates"], self.device_keys, b, bounds)
+            if fitted is not None and fitted != plan:
+                at = max(step, max(int(o[1]) for o in objs))
+                plan = self.target.schedule_plan(fitted, at)
+                self._skip_until = at
+        if same:
+            assert saved is not None
+            self._skip_until = saved["skip_until"]
+            self._exchange_at = saved["exchange_at"]
+            self._steps = list(saved["steps"])
+            self._window_plan = saved["window_plan"]
+            lo = self.collectives.rank
+            rows = np.asarray(saved["partial"], dtype=np.float64).reshape(n, -1)
+            self._samples = [
+                rows[lo : lo + self.collectives.hosted, j] for j in range(len(self._steps))
+            ]
+            self.dropped = saved["dropped"]
+        else:
+            self._skip_until = max(self._skip_until, step + self.config.warmup)
+        if self.is_rank_zero:
+            with self.guard("building the decider"):
+                self.decider = self._make_decider(plan, bounds)
+                if same and saved is not None and saved["controller"] is not None:
+                    self.decider.load_state_dict(saved["controller"])
+                self.observer = BackgroundObserver(
+                    self.decider, bounds.min_size, self.config.background
+                )
+                if same and saved is not None:
+                    self.observer.restore(saved["pending"])
+        flag = self.collectives.broadcast_row(np.array([float(self._failure is not None)]))
+        self._check(np.r_[flag[:1], np.zeros(n - 1)], "the start of the fit")
+        self._last_clock = self._t0 = self._clock()
+
+    # ------------------------------------------------------------------ per step
+    def record(self, step: int, sample: Any, comparable: bool = True) -> None:
+        """Take one step's own compute time of every hosted rank, then run the schedule.
+
+        Args:
+            step: The step just trained.
+            sample: One sample per hosted rank (seconds, or what ``resolve`` reads).
+            comparable: False when the step's sizes are not the plan's (the epoch's final
+                partial batch), so it is left out of windows; the same on every rank.
+        """
+        now = self._clock()
+        if step >= self._skip_until and comparable:
+            plan = self.target.plan_schedule.plan_at(step)
+            if self._steps and plan != self._window_plan:
+                self._samples, self._steps = [], []  # the plan changed under the window
+            if not self._steps:
+                self._window_plan, self._t0 = plan, self._last_clock
+            self._samples.append(sample)
+            self._steps.append(step)
+        self._last_clock = now
+        if self._exchange_at is not None and step >= self._exchange_at:
+            self._exchange(step)
+        if len(self._steps) >= self.config.window:
+            self._close(step)
+
+    def _read(self, what: str) -> np.ndarray:
+        """The window's samples as seconds, ``(hosted, k)``; NaN where reading failed."""
+        k, h = len(self._steps), self.collectives.hosted
+        out = np.full((h, k), np.nan)
+        with self.guard(what):
+            if k:
+                out[:] = np.asarray(self._resolve(self._samples), dtype=np.float64).reshape(h, k)
+        return out
+
+    def _close(self, step: int) -> None:
+        k, h = len(self._steps), self.collectives.hosted
+        rows = np.full((h, k + 2), np.nan)
+        rows[:, :k] = self._read("reading the window's step times")
+        rows[:, k] = -1.0
+        if self._caps is not None:
+            with self.guard("reading the memory bound"):
+                rows[:, k] = [-1.0 if c is None else float(c) for c in self._caps()]
+        rows[:, k + 1] = self._flags()
+        gathered = self.collectives.gather_rows(rows)
+        self._check(gathered[:, k + 1], f"the gather of the window ending at step {step}")
+        telemetry = None
+        if self._telemetry is not None:
+            local: list[Any] = [None] * h
+            with self.guard("reading telemetry"):
+                local = list(self._telemetry())
+            telemetry = self.collectives.gather_objects(local)
+        if self.is_rank_zero:
+            with self.guard("building the window"):
+                self._submit(gathered[:, :k], gathered[:, k], telemetry)
+        self._samples, self._steps = [], []
+        self._schedule_exchange(step + self.config.lag)
+
+    def _submit(self, times: np.ndarray, caps_col: np.ndarray, telemetry: Any) -> None:
+        assert self.observer is not None and self._window_plan is not None
+        k = times.shape[1]
+        ok = np.isfinite(times) & (times > 0)
+        good = ok.all(axis=0)
+        bad = int((~ok).sum())
+        if bad:
+            j, r = np.argwhere((~ok).T)[0]  # the earliest step first
+            self.dropped += bad
+            warnings.warn(
+                f"lightning-rex: {bad} step-time sample(s) were not finite positive seconds and "
+                f"were dropped with their steps (first: rank {int(r)}, step {self._steps[j]}, "
+                f"{times[r, j]!r}); {self.dropped} dropped so far",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if int(good.sum()) < self.config.min_steps:
+            return
+        steps = [s for s, g in zip(self._steps, good) if g]
+        window = Window(times[:, good], self._window_plan, steps[0], self._steps[-1] + 1)
+        wall = self._clock() - self._t0
+        samples = k * sum(self._window_plan)  # the true global count, not N x rank 0's
+        info = {
+            "telemetry": telemetry,
+            "window_samples": samples,
+            "window_wall_s": wall,
+            "global_samples_per_s": samples / wall if wall > 0 else None,
+            "dropped_samples": bad,
+        }
+        caps = None if bool((caps_col < 0).all()) else [None if c < 0 else int(c) for c in caps_col]
+        self.observer.submit(window, info, caps)
+
+    def _schedule_exchange(self, step: int) -> None:
+        self._exchange_at = step if self._exchange_at is None else min(self._exchange_at, step)
+
+    # ------------------------------------------------------------------ exchange
+    def _exchange(self, step: int) -> None:
+        self._exchange_at = None
+        ready: list[Pending] = []
+        mine = ExchangeMessage()
+        if self.is_rank_zero and self.observer is not None:
+            with self.guard("deciding on a window"):
+                ready = self.observer.take_ready()
+                if self.observer.error is not None:
+                    raise self.observer.error
+                for e in ready:
+                    if isinstance(e.outcome, BaseException):
+                        raise e.outcome
+                ready = self._decline_recommendations(ready)
+                mine = ExchangeMessage.from_ready(
+                    [float(e.window.medians.max() / e.window.medians.min() - 1) for e in ready],
+                    [self._to_apply(e) for e in ready],
+                    self.observer.pending,
+                )
+        if self._failure is not None and self.is_rank_zero:
+            mine = ExchangeMessage(failed=True)
+        n = self.target.plan_schedule.world_size
+        msg = ExchangeMessage.from_row(self.collectives.broadcast_row(mine.to_row(n)))
+        if msg.failed:
+            self._check(np.r_[1.0, np.zeros(n - 1)], f"the exchange at step {step}")
+        if msg.more_pending:
+            self._schedule_exchange(step + self.config.lag)
+        before = self.target.plan_schedule.changes
+        effective = None
+        if msg.plan is not None:
+            free = np.full((self.collectives.hosted, 1), float(self.target.first_free_step()))
+            effective = max(step + 1, int(self.collectives.gather_rows(free).max()))
+            self.target.schedule_plan(msg.plan, effective)
+            self._skip_until = effective
+            self._samples, self._steps = [], []
+        for e in ready:
+            self._record(e, msg.plan, effective, before)
+        if self._on_exchange is not None:
+            self._on_exchange(msg)
+
+    def _to_apply(self, e: Pending) -> Plan | None:
+        d = e.outcome
+        if not isinstance(d, Decision) or not self.config.apply_plans:
+            return None
+        return d.plan
+
+    def _decline_recommendations(self, ready: list[Pending]) -> list[Pending]:
+        if not self.config.apply_plans:
+            for e in ready:
+                if isinstance(e.outcome, Decision) and e.outcome.kind == "propose":
+                    assert self.observer is not None
+                    self.observer.decline()
+        return ready
+
+    def _record(self, e: Pending, applied: Plan | None, effective: int | None, before: int) -> None:
+        d = e.outcome
+        assert isinstance(d, Decision)
+        mine = applied is not None and d.plan == applied
+        kind = "recommend" if (d.kind == "propose" and not self.config.apply_plans) else d.kind
+        record = build_record(
+            e.window,
+            d,
+            e.info,
+            kind=kind,
+            new_plan=d.plan,
+            effective_step=effective if mine else None,
+            plan_changes=before + int(mine),
+            adaptive=self.config.apply_plans,
+            run_id=self.run_id,
+        )
+        self.records.append(record)
+        if self._on_record is not None:
+            with self.guard("writing the decision log"):
+                self._on_record(record)
+
+    # ------------------------------------------------------------------ checkpoints and end
+    def state_dict(self) -> dict[str, Any]:
+        """The loop's state for a checkpoint (every rank: it gathers the partial window).
+
+        On rank 0 it first waits for the decider's background work (at most a refit or two)
+        and saves the decisions not yet exchanged.
+
+        Returns:
+            JSON-able data (see :mod:`lightning_rex.driver.state`).
+
+        Raises:
+            RexRankError: On every rank, when a rank's work had failed.
+        """
+        sched = self.target.plan_schedule
+        pending: list[dict[str, Any]] = []
+        controller = None
+        rates: dict[str, list[float]] = {}
+        if self.is_rank_zero and self.observer is not None and self.decider is not None:
+            with self.guard("saving the decider's state"):
+                entries = self.observer.drain()
+                for e in entries:
+                    if isinstance(e.outcome, BaseException):
+                        raise e.outcome
+                pending = [pending_to_state(e) for e in entries]
+                controller = self.decider.state_dict()
+                summary = getattr(self.decider, "rank_model_summary", None)
+                if summary is not None:
+                    rates = device_rates(self.device_keys, summary())
+        k = len(self._steps)
+        rows = np.full((self.collectives.hosted, k + 1), np.nan)
+        rows[:, :k] = self._read("reading the window's step times for a checkpoint")
+        rows[:, k] = self._flags()
+        gathered = self.collectives.gather_rows(rows)
+        self._check(gathered[:, k], "saving a checkpoint")
+        partial = [[None if not np.isfinite(x) else float(x) for x in r] for r in gathered[:, :k]]
+        return {
+            "version": STATE_VERSION,
+            "run_id": self.run_id,
+            "world_size": sched.world_size,
+            "global_batch": sched.global_batch,
+            "skip_until": self._skip_until,
+            "exchange_at": self._exchange_at,
+            "steps": list(self._steps),
+            "window_plan": None if self._window_plan is None else list(self._window_plan),
+            "partial": partial,
+            "pending": pending,
+            "dropped": self.dropped,
+            "controller": controller,
+            "device_rates": rates,
+        }
+
+    def finish(self) -> None:
+        """End of training (every rank): agree that no rank failed, then stop the thread.
+
+        Raises:
+            RexRankError: On every rank, when a rank's work had failed.
+        """
+        if self.is_rank_zero and self.observer is not None:
+            with self.guard("finishing the decider's work"):
+                for e in self.observer.drain():
+                    if isinstance(e.outcome, BaseException):
+                        raise e.outcome
+        gathered = self.collectives.gather_rows(self._flags()[:, None])
+        self._check(gathered[:, 0], "the end of training")
+        self.close()
+
+    def close(self) -> None:
+        """Stop the decider's thread (no collective; safe after an error)."""
+        if self.observer is not None:
+            self.observer.shutdown()
+
+
+def _as_seconds(samples: list[Any]) -> np.ndarray:
+    """Samples that are seconds: ``K`` per-step arrays of hosted ranks -> ``(hosted, K)``."""
+    return np.stack([np.asarray(s, dtype=np.float64).reshape(-1) for s in samples], axis=1)

@@ -1,0 +1,284 @@
+"""The window driver with fake collectives and fake plan targets: no processes, no Lightning.
+
+Ranks are either all hosted in one process (LocalCollectives, as in the simulator) or one
+per thread (ThreadCollectives, as in training); step times are injected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+from tests.helpers.fakes import ThreadCollectives, run_threads
+
+from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.plan import Plan
+from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.state import StateError
+from lightning_rex.core.window import Window
+from lightning_rex.driver.errors import RexRankError
+from lightning_rex.driver.loop import LoopConfig, WindowDriver
+from lightning_rex.driver.protocols import (
+    Collectives,
+    LocalCollectives,
+    PlanTarget,
+    ScheduleTarget,
+)
+
+RATES = (3000.0, 1000.0)
+
+
+def _noise(rank: int, step: int) -> float:
+    u = (zlib.crc32(f"{rank}:{step}".encode()) % 10_000 + 0.5) / 10_000
+    return math.exp(0.05 * math.sqrt(-2 * math.log(u)) * math.cos(2 * math.pi * u * 7.3))
+
+
+def affine(rank: int, step: int, b: int) -> float:
+    return (0.002 + b / RATES[rank]) * _noise(rank, step)
+
+
+def controller(plan: Plan, bounds: SizeBounds) -> Controller:
+    n = len(plan)
+    return Controller(
+        sum(plan), n, min_size=bounds.min_size, max_sizes=bounds.caps(n), initial_plan=plan
+    )
+
+
+def make(
+    collectives: Collectives,
+    target: PlanTarget | None = None,
+    decider: Any = controller,
+    **config: Any,
+) -> tuple[WindowDriver, ScheduleTarget]:
+    target = target or ScheduleTarget(PlanSchedule((32, 32), 64))
+    assert isinstance(target, ScheduleTarget)
+    cfg = {"window": 10, "warmup": 10, "background": False, **config}
+    driver = WindowDriver(
+        LoopConfig(**cfg), collectives, target, decider, check_decider_state=Controller.check_state
+    )
+    return driver, target
+
+
+def drive(
+    driver: WindowDriver,
+    target: ScheduleTarget,
+    steps: range,
+    ranks: list[int],
+    fn: Any = affine,
+    each: Any = None,
+) -> None:
+    for step in steps:
+        target.now = step
+        if each is not None:
+            each(step)
+        plan = target.plan_schedule.plan_at(step)
+        driver.record(step, [fn(r, step, plan[r]) for r in ranks])
+
+
+def strip(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    skip = ("time", "run_id", "window_wall_s", "global_samples_per_s")
+    return [{k: v for k, v in r.items() if k not in skip} for r in records]
+
+
+def test_windows_exchange_and_plans_follow_the_schedule() -> None:
+    driver, target = make(LocalCollectives(2))
+    driver.start(0, ["cpu", "cpu"])
+    drive(driver, target, range(100), [0, 1])
+    recs = driver.records
+    assert recs[0]["window"] == [10, 20]  # the warm-up is not measured
+    assert recs[0]["decision"] == "propose" and recs[0]["effective_step"] == 25  # lag 5, +1
+    entries = target.plan_schedule.entries
+    assert entries[0] == (0, (32, 32)) and entries[1] == (25, tuple(recs[0]["new_plan"]))
+    assert entries[1][1][0] > entries[1][1][1]  # the slow rank gets fewer samples
+    assert recs[1]["window"] == [25, 35]  # samples before the new plan were dropped
+    assert all(r["plan_changes"] >= 1 for r in recs)
+
+
+def test_one_rank_per_thread_gives_the_same_records_as_all_ranks_in_one_process() -> None:
+    local, _ = make(LocalCollectives(2))
+    local.start(0, ["cpu", "cpu"])
+    drive(local, _, range(120), [0, 1])
+
+    def rank(r: int, c: ThreadCollectives) -> list[dict[str, Any]]:
+        driver, target = make(c)
+        driver.start(0, ["cpu"])
+        drive(driver, target, range(120), [r])
+        driver.finish()
+        return driver.records
+
+    out = run_threads(2, rank)
+    assert not any(isinstance(o, BaseException) for o in out), out
+    assert strip(out[0]) == strip(local.records) and out[1] == []
+    assert len(local.records) >= 5
+
+
+def test_a_failure_on_one_rank_is_raised_on_every_rank_within_a_window() -> None:
+    def rank(r: int, c: ThreadCollectives) -> tuple[int, BaseException | None]:
+        driver, target = make(c)
+        driver.start(0, ["cpu"])
+        last = -1
+
+        def each(step: int) -> None:
+            nonlocal last
+            last = step
+            if r == 1 and step == 33:
+                with driver.guard("writing a sample"):
+                    raise OSError("disk on fire")
+
+        try:
+            drive(driver, target, range(100), [r], each=each)
+        except RexRankError as err:
+            return last, err
+        return last, None
+
+    out = run_threads(2, rank)
+    (s0, e0), (s1, e1) = out
+    assert isinstance(e0, RexRankError) and isinstance(e1, RexRankError)
+    assert s0 == s1 and 33 < s0 <= 33 + 10  # the same step on both, within one window
+    for e in (e0, e1):
+        assert e.rank == 1 and "OSError: disk on fire" in str(e) and "rank 1" in str(e)
+    assert isinstance(e1.__cause__, OSError) and e0.__cause__ is None
+
+
+class _Exploding(Controller):
+    def observe(self, window: Window) -> Decision:
+        if self.windows_seen == 1:
+            raise FloatingPointError("posterior is not positive definite")
+        return super().observe(window)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_an_error_in_rank_0s_decider_reaches_every_rank_at_the_exchange(background: bool) -> None:
+    def exploding(plan: Plan, bounds: SizeBounds) -> Controller:
+        return _Exploding(sum(plan), len(plan), initial_plan=plan)
+
+    def rank(r: int, c: ThreadCollectives) -> tuple[int, BaseException | None]:
+        driver, target = make(c, decider=exploding, background=background)
+        driver.start(0, ["cpu"])
+        steps = [-1]
+        try:
+            drive(driver, target, range(200), [r], each=steps.append)
+            driver.finish()  # a thread still computing at the end: its error is not lost
+        except RexRankError as err:
+            return steps[-1], err
+        return steps[-1], None
+
+    (s0, e0), (s1, e1) = run_threads(2, rank)
+    assert isinstance(e0, RexRankError) and isinstance(e1, RexRankError)
+    assert s0 == s1
+    if not background:  # inline: at the exchange of the second window, [25, 35) + lag 5
+        assert s0 == 39
+    assert e0.rank == e1.rank == 0
+    assert "FloatingPointError: posterior is not positive definite" in str(e1)
+
+
+def test_monitor_only_recommends_and_changes_nothing() -> None:
+    target = ScheduleTarget(PlanSchedule((32, 32), 64), frozen=True)
+    driver, _ = make(LocalCollectives(2), target, apply_plans=False)
+    driver.start(0, ["cpu", "cpu"])
+    drive(driver, target, range(100), [0, 1])
+    kinds = [r["decision"] for r in driver.records]
+    assert "recommend" in kinds and "propose" not in kinds
+    assert target.plan_schedule.changes == 0
+    rec = next(r for r in driver.records if r["decision"] == "recommend")
+    assert rec["new_plan"][0] > rec["new_plan"][1] and rec["effective_step"] is None
+    assert not rec["adaptive"]
+
+
+def test_bad_samples_are_dropped_and_counted_not_fatal() -> None:
+    def with_nan(r: int, step: int, b: int) -> float:
+        return math.nan if (r == 1 and step == 15) else (0.0 if step == 16 else affine(r, step, b))
+
+    driver, target = make(LocalCollectives(2))
+    driver.start(0, ["cpu", "cpu"])
+    with pytest.warns(RuntimeWarning, match=r"first: rank 1, step 15"):
+        drive(driver, target, range(30), [0, 1], fn=with_nan)
+    first = driver.records[0]
+    assert first["window"] == [10, 20] and first["dropped_samples"] == 3  # NaN, 0.0 and 0.0
+    assert driver.dropped == 3
+
+
+def test_a_plan_set_from_outside_restarts_the_window_and_is_adopted() -> None:
+    driver, target = make(LocalCollectives(2), background=False)
+    driver.start(0, ["cpu", "cpu"])
+
+    def user(step: int) -> None:
+        if step == 15:  # mid-window, as strategy.set_plan would
+            target.schedule_plan((40, 24), 15)
+
+    drive(driver, target, range(60), [0, 1], each=user)
+    first = driver.records[0]
+    assert first["window"] == [15, 25] and first["plan"] == [40, 24]
+    assert "adopted" in first["reason"]
+    assert target.plan_schedule.entries[1] == (15, (40, 24))
+
+
+def test_a_checkpointed_run_continues_exactly() -> None:
+    full, target = make(LocalCollectives(2))
+    full.start(0, ["cpu", "cpu"])
+    drive(full, target, range(150), [0, 1])
+
+    first, t1 = make(LocalCollectives(2))
+    first.start(0, ["cpu", "cpu"])
+    drive(first, t1, range(57), [0, 1])
+    state = json.loads(json.dumps(first.state_dict()))
+    schedule = json.loads(json.dumps(t1.plan_schedule.state_dict()))
+    resumed, t2 = make(LocalCollectives(2))
+    t2.plan_schedule.load_state_dict(schedule)
+    resumed.start(57, ["cpu", "cpu"], state)
+    drive(resumed, t2, range(57, 150), [0, 1])
+    assert t2.plan_schedule.entries == target.plan_schedule.entries
+    assert strip(first.records + resumed.records) == strip(full.records)
+    assert resumed.run_id == first.run_id
+
+
+def _saved_mid_window() -> dict[str, Any]:
+    d, t = make(LocalCollectives(2))
+    d.start(0, ["cpu", "cpu"])
+    drive(d, t, range(44), [0, 1])
+    return json.loads(json.dumps(d.state_dict()))
+
+
+@pytest.mark.parametrize(
+    ("tamper", "field"),
+    [
+        (lambda s: s["partial"][1].pop(), r"rex_driver.partial\[1\]"),
+        (lambda s: s["partial"].pop(), r"rex_driver.partial"),
+        (lambda s: s.__setitem__("steps", s["steps"][::-1]), r"rex_driver.steps"),
+        (lambda s: s.__setitem__("window_plan", [40, 25]), r"rex_driver.window_plan"),
+        (lambda s: s["controller"].pop("min_size"), r"controller.min_size"),
+        (lambda s: s["controller"]["model"]["medians"].pop(), r"controller.model.medians"),
+        (lambda s: s.__setitem__("version", 1), r"rex_driver.version"),
+    ],
+)
+def test_tampered_state_fails_on_every_rank_before_any_step(tamper: Any, field: str) -> None:
+    state = _saved_mid_window()
+    tamper(state)
+
+    def rank(r: int, c: ThreadCollectives) -> BaseException | None:
+        driver, _ = make(c)
+        try:
+            driver.start(44, ["cpu"], state)
+        except StateError as err:
+            return err
+        return None
+
+    errors = run_threads(2, rank)
+    assert all(isinstance(e, StateError) for e in errors), errors
+    assert all(e.field.startswith(field.replace("\\", "")) for e in errors)  # type: ignore[union-attr]
+    assert str(errors[0]) == str(errors[1])
+
+
+def test_decision_log_metrics_have_no_nan_from_the_driver() -> None:
+    driver, target = make(LocalCollectives(2))
+    driver.start(0, ["cpu", "cpu"])
+    drive(driver, target, range(60), [0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text = json.dumps(driver.records, allow_nan=False)
+    assert np.isfinite(json.loads(text)[0]["measured_step_ms"])
