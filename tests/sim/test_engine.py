@@ -59,15 +59,20 @@ def test_same_noise_for_every_policy():
 
 
 def test_metrics_of_a_user_policy():
-    # window 6 starts at step 180; the event starts at 150 (window 5) -> delay 6 + 1 - 5 = 2
+    # windows of 30 after a warm-up of 10: the 7th is [190, 220); its decision is exchanged
+    # decision_lag = 15 steps later, at 234, and the plan is in force from 235; the event
+    # started at 150: ceil((235 - 150) / 30) = 3 windows
+    t = simulate(SCEN, ChangeAt(6, (20, 44)), 0)
+    assert t.changes == [(235, (20, 44), (32, 32))]
     r = run(SCEN, ChangeAt(6, (20, 44)), 0)
     assert r.rescales == 1
-    assert r.detection_delay_windows == [2]
+    assert r.detection_delay_windows == [3]
     assert r.final_plan == [20, 44]
     assert r.false_rescales == 0  # an event is active when it applies
-    # a change before the event, while even is far from the oracle, is not false either
+    # a change before the event, while even is far from the oracle, is not false either; it
+    # applies from step 55, so the chunk [60, 90) is the first one near the oracle
     early = run(SCEN, ChangeAt(0, (48, 16)), 0)
-    assert early.false_rescales == 0 and early.time_to_90pct_windows == 1
+    assert early.false_rescales == 0 and early.time_to_90pct_windows == 2
     # a change away from the oracle's plan with no event active, on a balanced cluster, is
     homog = scenario_from_dict({"global_batch": 32, "steps": 120, "ranks": [{"rate": 1e3}] * 2})
     assert run(homog, ChangeAt(1, (17, 15)), 0).false_rescales == 1

@@ -1,13 +1,25 @@
-"""The cluster simulator: drives :mod:`lightning_rex.core` exactly as training does.
+"""The cluster simulator: runs the training loop's window driver on simulated step times.
 
 ``run(scenario, policy, seed) -> SimResult`` simulates one policy on a scenario (a
 :class:`Scenario`, see :func:`load_scenario` for files and presets) and scores it against the
-oracle on the same noise. Policies follow the interface documented in
-:mod:`lightning_rex.sim.policies`.
+oracle on the same noise. Every policy is driven through
+:class:`~lightning_rex.driver.loop.WindowDriver`, so it pays what training pays (warm-up,
+decision lag, samples dropped after a change). Policies follow the interface documented in
+:mod:`lightning_rex.sim.policies`; :func:`run_loop` runs the loop on any per-rank step times.
 """
 
 from lightning_rex.sim import cli
-from lightning_rex.sim.engine import SimResult, Trace, metrics, run, simulate
+from lightning_rex.sim.engine import (
+    LoopRun,
+    PolicyDecider,
+    SimResult,
+    Trace,
+    default_loop,
+    metrics,
+    run,
+    run_loop,
+    simulate,
+)
 from lightning_rex.sim.policies import (
     EvenPolicy,
     OraclePolicy,
@@ -24,8 +36,10 @@ from lightning_rex.sim.scenario import Scenario, ScenarioError, load_scenario, s
 __all__ = [
     "PRESETS",
     "EvenPolicy",
+    "LoopRun",
     "OraclePolicy",
     "Policy",
+    "PolicyDecider",
     "PolicyInfo",
     "ProportionalPolicy",
     "RexPolicy",
@@ -35,10 +49,12 @@ __all__ = [
     "StaticPolicy",
     "Trace",
     "cli",
+    "default_loop",
     "load_scenario",
     "make_policy",
     "metrics",
     "run",
+    "run_loop",
     "scenario_from_dict",
     "simulate",
 ]

@@ -1,29 +1,42 @@
-"""The synchronous step loop: noise, events, windows, and the metrics of a run.
+"""The synchronous step loop: noise, events, the window driver, and the metrics of a run.
 
-Per window of ``K`` steps, every rank's compute time is its noise-free curve at its
-micro-batch, times the active event factors, times a mean-one lognormal AR(1) noise factor;
-the synchronous step takes the slowest rank's time plus ``comm``. The window's ``N x K`` times
-go to the policy as a :class:`~lightning_rex.core.window.Window`, exactly as the Lightning
-callback will hand them to the controller, and a plan the policy returns is applied from the
-next window. The noise of a seed does not depend on the policy, so every policy (and the
-oracle that sets the limit) runs on the same noise.
+Every step, every rank's compute time is its noise-free curve at its micro-batch, times the
+active event factors, times a mean-one lognormal AR(1) noise factor; the synchronous step
+takes the slowest rank's time plus ``comm``. Each step's times go to the same
+:class:`~lightning_rex.driver.loop.WindowDriver` that training runs, with all ranks hosted
+in this process (:class:`~lightning_rex.driver.protocols.LocalCollectives`) and the plan
+schedule as the plan target. So a simulated policy pays what it pays in training: the
+warm-up is not measured, a decision is exchanged ``decision_lag`` steps after its window,
+a new plan applies from the next step, and the samples measured before it are dropped. The
+decider runs inline (``background=False``), as a deterministic stand-in for the training
+thread. The noise of a seed does not depend on the policy, so every policy (and the oracle
+that sets the limit) runs on the same noise.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from lightning_rex.core.controller import Decision
 from lightning_rex.core.plan import Plan, even_plan
+from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.window import Window
-from lightning_rex.sim.policies import OraclePolicy, Policy, PolicyInfo, make_policy
+from lightning_rex.driver.loop import LoopConfig, WindowDriver
+from lightning_rex.driver.protocols import Decider, LocalCollectives, ScheduleTarget
+from lightning_rex.sim.policies import OraclePolicy, Policy, PolicyInfo, RexPolicy, make_policy
 from lightning_rex.sim.scenario import Scenario
 
-__all__ = ["SimResult", "Trace", "metrics", "run", "simulate"]
+__all__ = ["LoopRun", "SimResult", "Trace", "metrics", "run", "run_loop", "simulate"]
+
+StepTimes = Callable[[int, np.ndarray], np.ndarray]
 
 
 @dataclass
@@ -32,13 +45,13 @@ class Trace:
 
     Attributes:
         policy: The policy's name.
-        window_step_s: Mean synchronous step time of every window.
+        window_step_s: Mean synchronous step time of every ``window``-step chunk of the run.
         total_time_s: Simulated seconds of the whole run.
-        changes: ``(window index, new plan, plan before)`` for every plan change, by the
-            window from which it applies.
-        decision_ms: Wall-clock milliseconds of every ``observe`` call.
-        rollbacks: Rollbacks the policy reports.
+        changes: ``(first step, new plan, plan before)`` for every plan change.
+        decision_ms: Wall-clock milliseconds of every decision (one per window).
+        rollbacks: Rollbacks among the decisions.
         final_plan: The plan in force at the end.
+        records: The driver's window records, as training writes them.
     """
 
     policy: str
@@ -48,6 +61,7 @@ class Trace:
     decision_ms: list[float]
     rollbacks: int
     final_plan: Plan
+    records: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -61,18 +75,18 @@ class SimResult:
         throughput: Samples per simulated second over the whole run.
         limit_throughput: The oracle's throughput on the same seed.
         efficiency: ``throughput / limit_throughput``.
-        time_to_90pct_windows: Index (0-based) of the first window whose mean step time is
-            within ``1 / 0.9`` of the oracle's in the same window, or None.
+        time_to_90pct_windows: Index (0-based) of the first ``window``-step chunk whose mean
+            step time is within ``1 / 0.9`` of the oracle's in the same chunk, or None.
         rescales: Plan changes (0 for even and oracle).
         rollbacks: Rollbacks among them.
         false_rescales: Plan changes while no event is active and the plan's noise-free step
             time is already within 2% of the oracle's.
-        detection_delay_windows: Per event, windows from the event's start to the first plan
-            change after it (None if none).
-        decision_ms_p50: Median wall-clock time of one ``observe`` call.
+        detection_delay_windows: Per event, windows (``window`` steps, rounded up) from the
+            event's start to the first plan change after it (None if none).
+        decision_ms_p50: Median wall-clock time of one decision.
         decision_ms_p99: Its 99th percentile.
         final_plan: The plan at the end of the run.
-        window_step_s: Per-window mean step times (not part of the JSON output).
+        window_step_s: Per-chunk mean step times (not part of the JSON output).
     """
 
     scenario: str
@@ -99,6 +113,146 @@ class SimResult:
         return d
 
 
+class PolicyDecider:
+    """A baseline policy (a plan or None per window) as the driver's decider.
+
+    Args:
+        policy: The policy; a plan it returns that differs from the window's is a proposal.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def observe(self, window: Window) -> Decision:
+        """Ask the policy.
+
+        Args:
+            window: The window.
+
+        Returns:
+            A propose with the policy's plan, or a hold.
+        """
+        new = self.policy.observe(window)
+        plan = None if new is None else tuple(int(b) for b in new)
+        measured = float(window.medians.max())
+        if plan is None or plan == window.plan:
+            return Decision("hold", None, None, measured, None, "", window.step_end)
+        return Decision("propose", plan, None, measured, None, self.policy.name, window.step_end)
+
+    def decline(self) -> None:
+        """Baselines keep no expectation of their own."""
+
+    def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
+        """Baselines take their bounds from :class:`PolicyInfo`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """No state is saved."""
+        return {}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """No state to restore."""
+
+
+class _Timed:
+    """Time every decision of a decider (wall-clock milliseconds)."""
+
+    def __init__(self, decider: Decider) -> None:
+        self.decider = decider
+        self.ms: list[float] = []
+
+    def observe(self, window: Window) -> Decision:
+        t0 = time.perf_counter()
+        d = self.decider.observe(window)
+        self.ms.append((time.perf_counter() - t0) * 1e3)
+        return d
+
+    def decline(self) -> None:
+        self.decider.decline()
+
+    def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
+        self.decider.set_bounds(min_size, max_sizes)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.decider.state_dict()
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.decider.load_state_dict(d)
+
+
+@dataclass
+class LoopRun:
+    """What :func:`run_loop` returns.
+
+    Attributes:
+        step_s: Every step's synchronous time (slowest rank plus ``comm``), seconds.
+        schedule: The plan schedule's entries at the end.
+        records: The driver's window records.
+        decision_ms: Wall-clock milliseconds of every decision.
+    """
+
+    step_s: np.ndarray
+    schedule: list[tuple[int, Plan]]
+    records: list[dict[str, Any]]
+    decision_ms: list[float]
+
+
+def run_loop(
+    global_batch: int,
+    world_size: int,
+    steps: int,
+    step_times: StepTimes,
+    decider: Decider,
+    loop: LoopConfig,
+    *,
+    min_size: int = 1,
+    comm: float = 0.0,
+) -> LoopRun:
+    """Drive the window loop through ``steps`` steps on per-rank times from a function.
+
+    The scenario engine and replays of recorded times both run through here, so a run of
+    the simulator is a run of the training loop with other step times.
+
+    Args:
+        global_batch: ``B``.
+        world_size: ``N``.
+        steps: The number of steps.
+        step_times: ``step_times(step, plan)`` gives every rank's own compute time at
+            ``step`` under ``plan`` (an int array of shape ``(N,)``), shape ``(N,)`` seconds.
+        decider: Decides on windows (rank 0's).
+        loop: The window loop's settings.
+        min_size: The smallest micro-batch.
+        comm: Seconds added to every synchronous step.
+
+    Returns:
+        The run.
+    """
+    schedule = PlanSchedule(even_plan(global_batch, world_size), global_batch, SizeBounds(min_size))
+    target = ScheduleTarget(schedule)
+    timed = _Timed(decider)
+    clock = [0.0]
+    driver = WindowDriver(
+        loop,
+        LocalCollectives(world_size),
+        target,
+        lambda plan, bounds: timed,
+        clock=lambda: clock[0],
+    )
+    driver.start(0, ["sim"] * world_size)
+    out = np.empty(steps)
+    plan_arr, plan = np.asarray(schedule.plan_at(0)), schedule.plan_at(0)
+    for step in range(steps):
+        target.now = step
+        now = schedule.plan_at(step)
+        if now is not plan:
+            plan, plan_arr = now, np.asarray(now)
+        t = step_times(step, plan_arr)
+        out[step] = float(t.max()) + comm
+        clock[0] += out[step]
+        driver.record(step, t)
+    driver.finish()
+    return LoopRun(out, schedule.entries, driver.records, timed.ms)
+
+
 def _noise(
     rng: np.random.Generator, state: np.ndarray, k: int, cv: float, rho: float
 ) -> np.ndarray:
@@ -114,13 +268,67 @@ def _noise(
     return np.exp(out - 0.5 * sigma * sigma)
 
 
-def simulate(scenario: Scenario, policy: Policy, seed: int) -> Trace:
-    """Run one policy through a scenario.
+class _ScenarioTimes:
+    """A scenario's noisy per-rank step times, drawn ``window`` steps at a time in order."""
+
+    def __init__(self, s: Scenario, seed: int) -> None:
+        self.s = s
+        self.rng = np.random.default_rng(int(seed))
+        sigma = float(np.sqrt(np.log1p(s.noise.cv**2)))
+        self.state = self.rng.standard_normal(s.world_size) * sigma
+        self.rate = np.array([r.rate for r in s.ranks])
+        self.over = np.array([r.overhead_s for r in s.ranks])
+        self.knee = np.array([r.knee for r in s.ranks])
+        self.chunk_start = -1
+        self.noise = np.ones((s.world_size, 1))
+        self.factors: dict[int, np.ndarray] = {}
+        self.bounds = sorted({e.start for e in s.events} | {e.end for e in s.events})
+
+    def _factors(self, step: int) -> np.ndarray:
+        # events change factors only at their boundaries: cache per boundary interval
+        key = bisect.bisect_right(self.bounds, step)
+        if key not in self.factors:
+            self.factors[key] = self.s.factors(step)
+        return self.factors[key]
+
+    def __call__(self, step: int, plan: np.ndarray) -> np.ndarray:
+        w = self.s.window
+        if step // w != self.chunk_start:
+            self.chunk_start = step // w
+            k = min(w, self.s.steps - self.chunk_start * w)
+            self.noise = _noise(self.rng, self.state, k, self.s.noise.cv, self.s.noise.ar1)
+        base = (self.over + np.maximum(plan, self.knee) / self.rate) * self._factors(step)
+        return base * self.noise[:, step % w]
+
+
+def default_loop(scenario: Scenario) -> LoopConfig:
+    """The window loop the simulator runs: training's defaults, with the scenario's window.
+
+    Args:
+        scenario: The scenario.
+
+    Returns:
+        ``window`` from the scenario, lag ``window // 2``, warm-up 10, inline decisions.
+    """
+    return LoopConfig(window=scenario.window, background=False)
+
+
+def _decider(policy: Policy) -> Decider:
+    if isinstance(policy, RexPolicy):
+        return policy.controller
+    return PolicyDecider(policy)
+
+
+def simulate(
+    scenario: Scenario, policy: Policy, seed: int, *, loop: LoopConfig | None = None
+) -> Trace:
+    """Run one policy through a scenario, on the training loop's driver.
 
     Args:
         scenario: The scenario.
         policy: The policy (reset here).
         seed: Seeds the noise (and is passed to the policy).
+        loop: The window loop's settings; default :func:`default_loop`.
 
     Returns:
         The :class:`Trace`.
@@ -128,55 +336,45 @@ def simulate(scenario: Scenario, policy: Policy, seed: int) -> Trace:
     s = scenario
     n = s.world_size
     plan = even_plan(s.global_batch, n)
-    policy.reset(
-        PolicyInfo(s.global_batch, n, s.window, s.min_size, tuple(s.max_sizes), plan, int(seed))
+    info = PolicyInfo(s.global_batch, n, s.window, s.min_size, tuple(s.max_sizes), plan, int(seed))
+    policy.reset(info)
+    times = _ScenarioTimes(s, seed)
+    if isinstance(policy, OraclePolicy):
+        return _oracle(s, policy, times)
+    res = run_loop(
+        s.global_batch,
+        n,
+        s.steps,
+        times,
+        _decider(policy),
+        loop or default_loop(s),
+        min_size=s.min_size,
+        comm=s.comm,
     )
-    oracle = policy if isinstance(policy, OraclePolicy) else None
-    rng = np.random.default_rng(int(seed))
-    sigma = float(np.sqrt(np.log1p(s.noise.cv**2)))
-    state = rng.standard_normal(n) * sigma
-    rate = np.array([r.rate for r in s.ranks])
-    over = np.array([r.overhead_s for r in s.ranks])
-    knee = np.array([r.knee for r in s.ranks])
-    bounds = sorted({0, s.steps} | {e.start for e in s.events} | {e.end for e in s.events})
-    win_steps: list[float] = []
-    changes: list[tuple[int, Plan, Plan]] = []
-    decision_ms: list[float] = []
-    total = 0.0
-    for w, start in enumerate(range(0, s.steps, s.window)):
-        end = min(start + s.window, s.steps)
-        k = end - start
-        noise = _noise(rng, state, k, s.noise.cv, s.noise.ar1)
-        times = np.empty((n, k))
-        cuts = [start] + [b for b in bounds if start < b < end] + [end]
-        for a, b in itertools.pairwise(cuts):
-            p = np.asarray(oracle.plan_at(a) if oracle is not None else plan)
-            times[:, a - start : b - start] = ((over + np.maximum(p, knee) / rate) * s.factors(a))[
-                :, None
-            ]
-        times *= noise
-        steps = times.max(axis=0) + s.comm
-        total += float(steps.sum())
-        win_steps.append(float(steps.mean()))
-        window_plan = oracle.plan_at(start) if oracle is not None else plan
-        t0 = time.perf_counter()
-        new = policy.observe(Window(times, window_plan, start, end))
-        decision_ms.append((time.perf_counter() - t0) * 1e3)
-        if oracle is None and new is not None:
-            new = tuple(int(b) for b in new)
-            if new != plan:
-                changes.append((w + 1, new, plan))
-                plan = new
-    final = oracle.plan_at(s.steps - 1) if oracle is not None else plan
+    changes = [(st, p, prev) for (_, prev), (st, p) in itertools.pairwise(res.schedule)]
     return Trace(
         policy.name,
-        win_steps,
-        total,
+        _chunks(res.step_s, s.window),
+        float(res.step_s.sum()),
         changes,
-        decision_ms,
-        int(getattr(policy, "rollbacks", 0)),
-        tuple(final),
+        res.decision_ms,
+        sum(r["decision"] == "rollback" for r in res.records),
+        res.schedule[-1][1],
+        res.records,
     )
+
+
+def _oracle(s: Scenario, oracle: OraclePolicy, times: _ScenarioTimes) -> Trace:
+    """The oracle switches at every event boundary, with no loop, lag or measurement."""
+    out = np.empty(s.steps)
+    for step in range(s.steps):
+        out[step] = float(times(step, np.asarray(oracle.plan_at(step))).max()) + s.comm
+    final = oracle.plan_at(s.steps - 1)
+    return Trace(oracle.name, _chunks(out, s.window), float(out.sum()), [], [], 0, tuple(final))
+
+
+def _chunks(step_s: np.ndarray, window: int) -> list[float]:
+    return [float(step_s[i : i + window].mean()) for i in range(0, step_s.size, window)]
 
 
 def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimResult:
@@ -216,8 +414,7 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
         )
     )
     false = 0
-    for w, _new, before in trace.changes:
-        step = w * s.window
+    for step, _new, before in trace.changes:
         if s.event_active(step):
             continue
         cur = float(s.compute_times(np.asarray(before), step).max()) + s.comm
@@ -225,9 +422,8 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
         false += cur <= best * 1.02
     delays: list[int | None] = []
     for e in s.events:
-        w0 = e.start // s.window
-        after = [w for w, _, _ in trace.changes if w * s.window > e.start]
-        delays.append(after[0] - w0 if after else None)
+        after = [st for st, _, _ in trace.changes if st > e.start]
+        delays.append(math.ceil((after[0] - e.start) / s.window) if after else None)
     ms = np.asarray(trace.decision_ms) if trace.decision_ms else np.zeros(1)
     no_rescale = trace.policy in ("even", "oracle")
     return SimResult(
@@ -250,7 +446,12 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
 
 
 def run(
-    scenario: Scenario, policy: Policy | str, seed: int = 0, *, oracle: Trace | None = None
+    scenario: Scenario,
+    policy: Policy | str,
+    seed: int = 0,
+    *,
+    oracle: Trace | None = None,
+    loop: LoopConfig | None = None,
 ) -> SimResult:
     """Simulate a policy and score it against the oracle on the same seed.
 
@@ -259,6 +460,7 @@ def run(
         policy: A policy object (see :mod:`lightning_rex.sim.policies`) or a built-in name.
         seed: The noise seed.
         oracle: A precomputed oracle trace for this scenario and seed, to save its run.
+        loop: The window loop's settings; default :func:`default_loop`.
 
     Returns:
         The :class:`SimResult`.
@@ -266,5 +468,5 @@ def run(
     pol = make_policy(policy, scenario) if isinstance(policy, str) else policy
     if oracle is None:
         oracle = simulate(scenario, OraclePolicy(scenario), seed)
-    trace = oracle if isinstance(pol, OraclePolicy) else simulate(scenario, pol, seed)
+    trace = oracle if isinstance(pol, OraclePolicy) else simulate(scenario, pol, seed, loop=loop)
     return metrics(scenario, trace, oracle, seed)

@@ -5,7 +5,8 @@ A policy is any object with
 * ``name: str``,
 * ``reset(info: PolicyInfo) -> None``: called once before the run, and
 * ``observe(window: Window) -> Plan | None``: called after every window; a plan returned is
-  applied from the next window on (None keeps the current plan).
+  a proposal, which the window driver applies as training would: at the exchange
+  ``decision_lag`` steps after the window, from the next step (None keeps the current plan).
 
 A policy may also have ``rollbacks: int`` (reported as such) and, for the oracle only,
 ``plan_at(step) -> Plan``, which the engine consults at every step so that it can switch
@@ -15,8 +16,9 @@ exactly at event boundaries. Users plug in their own with
 Built in: ``even`` (what DDP does), ``static`` (LBB-like: profile two windows, fit an affine
 time per rank, solve once), ``proportional`` (OmniLearn-like:
 ``db_r = -(b_r / t_r)(t_r - mean t)`` once a window, with a 20% deadband), ``rex`` (a thin
-adapter over :class:`lightning_rex.core.controller.Controller`) and ``oracle`` (knows the
-noise-free curves and the events and re-plans at every event boundary).
+adapter over :class:`lightning_rex.core.controller.Controller`: the driver runs the
+controller itself) and ``oracle`` (knows the noise-free curves and the events and re-plans
+at every event boundary, outside the loop: it sets the limit).
 """
 
 from __future__ import annotations
