@@ -23,6 +23,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _collect_before_fork() -> None:
+    """Free unreachable objects of earlier in-process tests before forking.
+
+    A one-device fit in this process initialises a gloo process group; after it is destroyed,
+    a reference cycle can keep its Python object alive. A forked rank inherits the object but
+    not gloo's threads, and when its garbage collector frees it, the destructor waits for
+    those threads forever. Collecting here frees such objects while their threads exist.
+    """
+    import gc
+
+    gc.collect()
+
+
 def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, q: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -57,6 +70,7 @@ def run_distributed(
     fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 240
 ) -> list[Any]:
     """Run ``fn(rank, *args)`` on ``world_size`` forked ranks; return the results by rank."""
+    _collect_before_fork()
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     port = free_port()
@@ -84,3 +98,74 @@ def run_distributed(
     if errors:
         raise AssertionError("a rank failed:\n" + "\n".join(errors))
     return [results[r] for r in range(world_size)]
+
+
+def _failing_child(
+    rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, q: Any
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        NODE_RANK="0",
+        LOCAL_WORLD_SIZE=str(world),
+    )
+    import time
+
+    t0 = time.monotonic()
+    code = 0
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        fn(rank, *args)
+        q.put((rank, None, "", time.monotonic() - t0))
+    except BaseException as err:
+        q.put((rank, type(err).__name__, str(err), time.monotonic() - t0))
+        code = 1
+    q.close()
+    q.join_thread()  # flush the report before leaving
+    os._exit(code)  # no teardown: a failing rank leaves as a crashed process would
+
+
+def run_expecting_failure(
+    fn: Callable[..., Any], *args: Any, world_size: int = 2, deadline: float = 60.0
+) -> dict[int, dict[str, Any]]:
+    """Run ``fn(rank, *args)`` on forked ranks; report how and how fast each one ended.
+
+    Returns per rank ``{"exitcode", "error" (type name or None), "message", "seconds"}``; a
+    rank still alive after ``deadline`` seconds is killed and reported with exitcode None.
+    """
+    import time
+
+    _collect_before_fork()
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_failing_child, args=(r, world_size, port, fn, args, q))
+        for r in range(world_size)
+    ]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - (time.monotonic() - t0)))
+    out: dict[int, dict[str, Any]] = {}
+    for r, p in enumerate(procs):
+        alive = p.is_alive()
+        if alive:
+            p.kill()
+            p.join(5)
+        out[r] = {"exitcode": None if alive else p.exitcode, "error": None, "message": ""}
+    import queue
+
+    while True:
+        try:
+            rank, err, msg, secs = q.get(timeout=1.0)
+        except queue.Empty:
+            break
+        out[rank].update(error=err, message=msg, seconds=secs)
+    return out

@@ -35,19 +35,25 @@ class TorchCollectives:
     """
 
     def __init__(self, device: torch.device) -> None:
-        self._c = TorchCollective()
         nccl = dist.get_backend() == "nccl"
         self._device = device if nccl else torch.device("cpu")
+        self._rank, self._world = dist.get_rank(), dist.get_world_size()
+
+    @property
+    def _c(self) -> TorchCollective:
+        # a fresh wrapper per call: it binds the world group when used and holds no
+        # reference to it afterwards, so a finished fit keeps no process group alive
+        return TorchCollective()
 
     @property
     def rank(self) -> int:
         """This process's global rank."""
-        return int(self._c.rank)
+        return self._rank
 
     @property
     def world_size(self) -> int:
         """The number of ranks."""
-        return int(self._c.world_size)
+        return self._world
 
     @property
     def hosted(self) -> int:

@@ -155,6 +155,19 @@ class HeterogeneityEmulator(Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Remove the gradient hooks."""
+        self._remove()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """Remove the gradient hooks after a failed fit."""
+        self._remove()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Remove the gradient hooks."""
+        self._remove()
+
+    def _remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
