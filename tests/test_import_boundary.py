@@ -1,4 +1,9 @@
-"""No module under core/ or sim/ may import Lightning or torch.distributed (checked statically)."""
+"""The layers, checked statically.
+
+No module under core/, driver/ or sim/ may import Lightning or torch.distributed, and
+arrows point down only: core/ imports only core/, driver/ only core/ and driver/, sim/ only
+core/, driver/ and sim/.
+"""
 
 import ast
 from pathlib import Path
@@ -7,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "lightning_rex"
 FORBIDDEN = ("lightning", "pytorch_lightning", "lightning_fabric", "torch.distributed")
-FILES = sorted(p for d in ("core", "sim") for p in (ROOT / d).rglob("*.py"))
+FILES = sorted(p for d in ("core", "driver", "sim") for p in (ROOT / d).rglob("*.py"))
+LAYERS = {"core": {"core"}, "driver": {"core", "driver"}, "sim": {"core", "driver", "sim"}}
 
 
 def _imports(path: Path) -> list[str]:
@@ -44,3 +50,11 @@ def test_checker_catches_violations(tmp_path):
     assert [n for n in _imports(f) if _forbidden(n)] == ["torch.distributed", "lightning.pytorch"]
     f.write_text("from lightning_rex.core import plan\nimport lightning_utilities\n")
     assert not [n for n in _imports(f) if _forbidden(n)]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_arrows_point_down(path):
+    allowed = LAYERS[path.relative_to(ROOT).parts[0]]
+    ours = [n for n in _imports(path) if n.startswith("lightning_rex.")]
+    bad = [n for n in ours if n.split(".")[1] not in allowed]
+    assert not bad, f"{path} imports {bad} from above its layer"

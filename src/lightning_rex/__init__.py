@@ -9,8 +9,11 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_rex.__about__ import __version__
 from lightning_rex.core.plan import Plan, even_plan, round_fractions, validate_plan
+from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.state import StateError
 from lightning_rex.data.loader import RexDataLoader
 from lightning_rex.data.sampler import UnevenBatchSampler
+from lightning_rex.driver.errors import RexRankError
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.strategy import RexStrategy
 from lightning_rex.tools.emulator import HeterogeneityEmulator
@@ -20,9 +23,13 @@ RexStrategy.register_strategies(StrategyRegistry)
 __all__ = [
     "HeterogeneityEmulator",
     "Plan",
+    "PlanSchedule",
     "RexCallback",
     "RexDataLoader",
+    "RexRankError",
     "RexStrategy",
+    "SizeBounds",
+    "StateError",
     "UnevenBatchSampler",
     "__version__",
     "even_plan",

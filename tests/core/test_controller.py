@@ -155,7 +155,7 @@ def test_set_bounds_is_respected_by_the_next_proposal():
     d = c.observe(window(c.plan, rng, 300))
     assert d.kind == "propose"
     assert max(d.plan[2:]) <= 140 and sum(d.plan) == 512
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_sizes sum to 40, below global_batch=512"):
         c.set_bounds(1, [10, 10, 10, 10])
 
 

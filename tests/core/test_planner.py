@@ -61,7 +61,7 @@ def test_bounds_and_errors():
         resolve_bounds(3, 30, 0, None)
     with pytest.raises(ValueError, match="below min_size"):
         resolve_bounds(3, 30, 4, [3, None, None])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"bounds sum to \[2, 8\], not containing 10"):
         water_fill(np.ones((2, 4)), 10, np.ones(2, int), np.full(2, 4))
     assert exploration_kappa(1.0, 4) == 0.5 and exploration_kappa(1.0, 0) == 0.0
 

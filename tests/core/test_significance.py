@@ -116,7 +116,7 @@ def test_persistence():
     ]
     p.reset()
     assert not p.update(True)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be >= 1"):
         Persistence(0)
 
 

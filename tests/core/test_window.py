@@ -12,8 +12,8 @@ def test_valid_window_exposes_shapes_and_stats():
     np.testing.assert_allclose(w.medians, [2.0, 2.0])
     np.testing.assert_allclose(w.step_max, [2.0, 2.0, 5.0])
     assert w.plan == (3, 5)
-    with pytest.raises(ValueError):
-        w.times[0, 0] = 9.0  # read-only
+    with pytest.raises(ValueError, match="read-only"):
+        w.times[0, 0] = 9.0
 
 
 @pytest.mark.parametrize(

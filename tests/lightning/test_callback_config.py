@@ -15,7 +15,6 @@ from tests.helpers.trainer import quiet_trainer
 
 import lightning as L
 from lightning_rex import RexCallback, RexStrategy
-from lightning_rex.driver.records import window_metrics
 from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound, throttled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,19 +179,3 @@ def test_throttle_reasons() -> None:
     assert throttled({"throttle_reasons": ["hw_thermal_slowdown"]})
     assert not throttled({"throttle_reasons": ["gpu_idle"]})
     assert not throttled(None)
-
-
-def test_window_metrics_flatten_a_record() -> None:
-    rec = {
-        "plan": [40, 24],
-        "median_ms": [10.0, 11.0],
-        "p_values": [0.5, 0.001],
-        "verdict": "imbalanced",
-        "decision": "propose",
-        "predicted_step_ms": 9.0,
-        "measured_step_ms": 11.0,
-        "imbalance": 0.1,
-    }
-    m = window_metrics(rec)
-    assert m["rex/plan_rank1"] == 24 and m["rex/p_value_rank1"] == 0.001 and m["rex/decision"] == 1
-    assert m["rex/imbalanced"] == 1.0 and "rex/global_samples_per_s" not in m

@@ -64,5 +64,5 @@ def test_bad_scenario_and_policy(capsys, tmp_path):
     f.write_text(json.dumps({"global_batch": 8, "steps": 30, "ranks": [], "x": 1}))
     rc, _, err = run_cli(["--scenario", str(f)], capsys)
     assert rc == 2 and "x" in err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="unknown policy 'magic'; choose from even"):
         run_cli(["--scenario", "pair-3x", "--compare", "rex,magic"], capsys)

@@ -3,7 +3,8 @@
 Every window gives, on rank 0, one JSON object: the plan per rank, each rank's median compute
 time, the imbalance test's p-values and verdict, the decision with its predicted and measured
 step time, the true global throughput, the samples dropped as unusable, and (on CUDA with
-NVML) each rank's telemetry. Every record carries the run's ``run_id`` (kept across resumes)
+NVML) each rank's telemetry, whose ``throttled`` flag names the slow ranks that were power-
+or thermally throttled. Every record carries the run's ``run_id`` (kept across resumes)
 and a UTC ``time``, so that two runs writing to one directory stay apart.
 
 :class:`DecisionLog` appends records to the JSONL file and logs their scalars to the
@@ -26,7 +27,6 @@ from typing import Any
 
 from lightning_rex.core.controller import Decision
 from lightning_rex.core.window import Window
-from lightning_rex.measure.telemetry import throttled
 
 __all__ = ["DECISION_CODES", "DecisionLog", "build_record", "window_metrics"]
 
@@ -96,7 +96,9 @@ def build_record(
         "window_wall_s": info.get("window_wall_s"),
         "dropped_samples": int(info.get("dropped_samples", 0)),
         "telemetry": telemetry,
-        "throttled_slow_ranks": [r for r in slow if telemetry and throttled(telemetry[r])],
+        "throttled_slow_ranks": [
+            r for r in slow if telemetry and (telemetry[r] or {}).get("throttled", False)
+        ],
         "plan_changes": plan_changes,
         "adaptive": adaptive,
     }

@@ -29,6 +29,7 @@ from lightning_rex.core.schedule import SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
 from lightning_rex.data.sampler import UnevenBatchSampler
 from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
+from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.progress import loader_state_to_restore, steps_done
 
 if TYPE_CHECKING:
@@ -195,8 +196,6 @@ class RexStrategy(DDPStrategy):
         module = self.lightning_module
         trainer = module._trainer if module is not None else None
         if self.adaptive and trainer is not None:
-            from lightning_rex.lightning.callback import RexCallback
-
             callbacks = trainer.callbacks  # type: ignore[attr-defined]
             if not any(isinstance(c, RexCallback) for c in callbacks):
                 at = next(
