@@ -217,3 +217,17 @@ def test_hyperparameters_are_refitted_from_6_windows_on_and_then_rarely():
             fitted.append(c.model.n_added)
     assert fitted and fitted[0] >= 6
     assert all(b >= min(2 * a, a + 20) for a, b in itertools.pairwise(fitted))
+
+
+def test_decline_of_an_unapplied_rollback_keeps_the_plan_in_force():
+    c = Controller(512, 4, seed=0)
+    rng = np.random.default_rng(0)
+    d = c.observe(window(c.plan, rng, 0))
+    assert d.kind == "propose"
+    bad = d.plan
+    # the new plan measures far slower than predicted: rolled back
+    r = c.observe(window(bad, rng, 30, factor=np.array([3.0, 3.0, 3.0, 3.0])))
+    assert r.kind == "rollback" and c.state == "rolling_back"
+    c.decline()  # training ended before the rollback was applied: `bad` stays in force
+    assert c.state == "steady" and c.plan == bad
+    assert c.observe(window(bad, rng, 60)).reason != "rollback not yet in force"

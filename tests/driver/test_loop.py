@@ -139,7 +139,8 @@ def test_a_failure_on_one_rank_is_raised_on_every_rank_within_a_window() -> None
     out = run_threads(2, rank)
     (s0, e0), (s1, e1) = out
     assert isinstance(e0, RexRankError) and isinstance(e1, RexRankError)
-    assert s0 == s1 and 33 < s0 <= 33 + 10  # the same step on both, within one window
+    # windows [10, 20), then [25, 35) after the plan change at 25: the gather at 34
+    assert s0 == s1 == 34  # the same step on both, within one window
     for e in (e0, e1):
         assert e.rank == 1 and "OSError: disk on fire" in str(e) and "rank 1" in str(e)
     assert isinstance(e1.__cause__, OSError) and e0.__cause__ is None
@@ -282,3 +283,64 @@ def test_decision_log_metrics_have_no_nan_from_the_driver() -> None:
         warnings.simplefilter("error")
         text = json.dumps(driver.records, allow_nan=False)
     assert np.isfinite(json.loads(text)[0]["measured_step_ms"])
+
+
+def test_a_failure_right_after_a_window_is_raised_at_its_exchange() -> None:
+    def rank(r: int, c: ThreadCollectives) -> tuple[int, BaseException | None]:
+        driver, target = make(c)
+        driver.start(0, ["cpu"])
+        last = -1
+
+        def each(step: int) -> None:
+            nonlocal last
+            last = step
+            if r == 1 and step == 20:  # the window [10, 20) closed at 19; its exchange is at 24
+                with driver.guard("reading a timer"):
+                    raise OSError("timer gone")
+
+        try:
+            drive(driver, target, range(60), [r], each=each)
+        except RexRankError as err:
+            assert driver.state_dict() == {}  # a save while handling it starts no collective
+            return last, err
+        return last, None
+
+    (s0, e0), (s1, e1) = run_threads(2, rank)
+    assert isinstance(e0, RexRankError) and isinstance(e1, RexRankError)
+    assert s0 == s1 == 24 and "rank 1" in str(e0) and "OSError: timer gone" in str(e0)
+
+
+def _saved_with_pending() -> dict[str, Any]:
+    d, t = make(LocalCollectives(2))
+    d.start(0, ["cpu", "cpu"])
+    drive(d, t, range(20), [0, 1])  # the window [10, 20) is decided, not yet exchanged
+    state = json.loads(json.dumps(d.state_dict()))
+    assert state["pending"] and state["pending"][0]["decision"]["plan"] is not None
+    return state
+
+
+@pytest.mark.parametrize(
+    ("tamper", "field"),
+    [
+        (lambda p: p["decision"].__setitem__("plan", [40, 25]), "decision.plan"),
+        (lambda p: p["decision"].__setitem__("plan", [64]), "decision.plan"),
+        (lambda p: p["decision"].__setitem__("kind", "hold"), "decision.plan"),
+        (lambda p: p["info"].__setitem__("window_samples", "many"), "info.window_samples"),
+        (lambda p: p["window"].__setitem__("times", [[0.1]]), "window"),
+    ],
+)
+def test_a_tampered_pending_decision_is_refused(tamper: Any, field: str) -> None:
+    state = _saved_with_pending()
+    tamper(state["pending"][0])
+    driver, _ = make(LocalCollectives(2))
+    with pytest.raises(StateError) as err:
+        driver.start(20, ["cpu", "cpu"], state)
+    assert err.value.field.startswith(f"rex_driver.pending[0].{field}")
+
+
+def test_a_resume_takes_this_runs_bounds_not_the_checkpoints() -> None:
+    state = _saved_mid_window()
+    bounds = SizeBounds(min_size=4)
+    driver, _ = make(LocalCollectives(2), ScheduleTarget(PlanSchedule((32, 32), 64, bounds)))
+    driver.start(44, ["cpu", "cpu"], state)
+    assert isinstance(driver.decider, Controller) and driver.decider.min_size == 4

@@ -23,6 +23,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _launcher_env(rank: int, world: int, port: int) -> None:
+    """The environment a launcher such as torchrun gives each rank."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        NODE_RANK="0",
+        LOCAL_WORLD_SIZE=str(world),
+    )
+
+
 def _collect_before_fork() -> None:
     """Free unreachable objects of earlier in-process tests before forking.
 
@@ -37,15 +50,7 @@ def _collect_before_fork() -> None:
 
 
 def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, q: Any) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        WORLD_SIZE=str(world),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        NODE_RANK="0",
-        LOCAL_WORLD_SIZE=str(world),
-    )
+    _launcher_env(rank, world, port)
     try:
         import torch
 
@@ -103,15 +108,7 @@ def run_distributed(
 def _failing_child(
     rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, q: Any
 ) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        WORLD_SIZE=str(world),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        NODE_RANK="0",
-        LOCAL_WORLD_SIZE=str(world),
-    )
+    _launcher_env(rank, world, port)
     import time
 
     t0 = time.monotonic()

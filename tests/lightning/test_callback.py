@@ -366,7 +366,9 @@ def test_resume_on_one_rank_from_a_two_rank_checkpoint(
         callbacks=[cb],
         default_root_dir=str(tmp_path),
     )
-    with pytest.warns(UserWarning, match="made with 2 ranks, this run has 1"):
+    with pytest.warns(
+        UserWarning, match="made with 2 ranks and a global batch of 64, this run has 1"
+    ):
         t.fit(model, DataLoader(ds, batch_size=32, shuffle=True), ckpt_path=str(ckpt))
     before = [
         i

@@ -45,11 +45,12 @@ def test_one_callback_serves_two_fits_from_a_clean_state(tmp_path: Path) -> None
     first_id, first_records = cb.driver.run_id, len(cb.records)  # type: ignore[union-attr]
     _fit(cb, RegModel(), tmp_path, steps=12)
     assert cb.driver.run_id != first_id  # type: ignore[union-attr]
-    # windows of 5 are logged at their exchange, 2 steps later: 5 in 30 steps, 2 in 12
-    assert [r["window"] for r in cb.records] == [[0, 5], [5, 10]] and first_records == 5
+    # windows of 5: 6 in 30 steps (the last one recorded at the end, unexchanged), 2 in 12
+    assert [r["window"] for r in cb.records] == [[0, 5], [5, 10]] and first_records == 6
     # both fits wrote to one file (logger=False): the records stay apart by run id and time
     lines = [json.loads(x) for x in (tmp_path / "rex_decisions.jsonl").read_text().splitlines()]
-    assert [r["run_id"] for r in lines].count(first_id) == 5 and len(lines) == 7
+    assert [r["run_id"] for r in lines].count(first_id) == 6 and len(lines) == 8
+    assert "training ended before its exchange" in lines[5]["reason"]
     assert all("T" in r["time"] for r in lines)
 
 

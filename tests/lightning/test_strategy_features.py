@@ -16,6 +16,7 @@ from tests.helpers.models import (
     make_dataset,
     reference_train,
 )
+from tests.helpers.timing import with_step_times
 from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader
 
@@ -37,6 +38,10 @@ class _Recorder(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self.epoch_values.append(float(trainer.callback_metrics["xmean_epoch"]))
+
+
+def _times(rank: int, step: int, b: int) -> float:
+    return 0.002 + b / (3000.0 if rank == 0 else 1000.0)
 
 
 class _ChangePlanAt(L.Callback):
@@ -91,6 +96,20 @@ def _features(rank: int, tmp: str) -> dict[str, Any]:
         "seen": model.seen,
         "effective": change.effective,
         "schedule": t.strategy.train_loader.batch_sampler.schedule,
+    }
+
+    # loaders rebuilt every epoch keep the run's one plan schedule, and the loop goes on
+    cb = with_step_times(_times, window=5, warmup=0, background=False)
+    model = RegModel()
+    t = _trainer(
+        strategy=RexStrategy(), max_epochs=3, callbacks=[cb], reload_dataloaders_every_n_epochs=1
+    )
+    t.fit(model, DataLoader(make_dataset(64 * 20), batch_size=32, shuffle=True))
+    out["reload"] = {
+        "seen": model.seen,
+        "schedule": t.strategy.train_loader.batch_sampler.schedule,
+        "history": cb.plan_history,
+        "windows": [r["window"] for r in cb.records],
     }
 
     # resumed runs, from mid-epoch 0 (step 4) and mid-epoch 1 (step 8)
@@ -174,3 +193,16 @@ def test_plan_changes_with_prefetching_workers_follow_the_schedule(
         plan = schedule[max(s for s in steps if s <= s0)]
         if len(i0) + len(i1) == 64:
             assert (len(i0), len(i1)) == plan
+
+
+def test_reloaded_loaders_keep_the_plan_schedule_and_the_loop_goes_on(
+    results: list[dict[str, Any]],
+) -> None:
+    r0, r1 = results[0]["reload"], results[1]["reload"]
+    assert r0["schedule"] == r1["schedule"] == r0["history"] and len(r0["history"]) >= 2
+    assert r0["history"][1][0] < 20  # the plan found in the first epoch is still on record
+    plan_at = lambda s: [p for st, p in r0["schedule"] if st <= s][-1]  # noqa: E731
+    for (_, s0, i0), (_, _, i1) in zip(r0["seen"], r1["seen"]):
+        assert (len(i0), len(i1)) == plan_at(s0)  # every epoch follows the one schedule
+    assert max(e for e, _, _ in r0["seen"]) == 2
+    assert any(w[0] >= 40 for w in r0["windows"])  # windows in the third epoch's loader

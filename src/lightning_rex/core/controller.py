@@ -270,14 +270,20 @@ class Controller:
         self.max_sizes = None if max_sizes is None else list(max_sizes)
 
     def decline(self) -> None:
-        """Tell the controller that its last proposal will not be applied (monitor-only use).
+        """Tell the controller that its last plan will not be applied.
 
-        The previous plan stays in force, what the windows taught the model is kept, and the
-        controller returns to the steady state. Does nothing unless a proposal is out.
+        Monitor-only use declines every proposal; training declines a decision that the end
+        of training left unapplied. After a proposal the previous plan stays in force; after
+        a rollback the rejected plan does. What the windows taught the model is kept, and the
+        controller returns to the steady state. Does nothing when no plan is out.
         """
         if self._state == "validating" and self._previous is not None:
             self._plan = self._previous
             self._pending, self._previous, self._baseline = None, None, None
+            self._state = "steady"
+            self._recent = []
+        elif self._state == "rolling_back" and self._rejected is not None:
+            self._plan, self._rejected = self._rejected, None
             self._state = "steady"
             self._recent = []
 

@@ -16,7 +16,7 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from lightning_rex.core.plan import Plan
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.sampler import UnevenBatchSampler
 
 __all__ = ["RexDataLoader", "build_rex_loader"]
@@ -81,6 +81,7 @@ def build_rex_loader(
     accumulate_grad_batches: int = 1,
     step_source: Callable[[], int] | None = None,
     bounds: SizeBounds | None = None,
+    plans: PlanSchedule | None = None,
     use_distributed_sampler: bool = True,
 ) -> RexDataLoader:
     """Rebuild a user's train DataLoader around an :class:`UnevenBatchSampler`.
@@ -93,6 +94,7 @@ def build_rex_loader(
         accumulate_grad_batches: Batches per optimizer step.
         step_source: Returns the step count at an epoch's start, to key the plan schedule.
         bounds: The size bounds every plan obeys.
+        plans: The run's plan schedule when the loader is rebuilt; None starts one.
         use_distributed_sampler: The Trainer's flag; REX needs it True for training.
 
     Returns:
@@ -144,6 +146,7 @@ def build_rex_loader(
         accumulate_grad_batches=accumulate_grad_batches,
         step_source=step_source,
         bounds=bounds,
+        plans=plans,
     )
     batch_sampler.set_epoch(int(sampler.epoch))
     kwargs: dict[str, Any] = {

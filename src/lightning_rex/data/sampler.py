@@ -66,6 +66,9 @@ class UnevenBatchSampler(Sampler[list[int]]):
             Without it the sampler counts steps itself.
         bounds: The size bounds every plan obeys (``min_micro_batch_size``,
             ``max_micro_batch_size``).
+        plans: An existing plan schedule to serve (a train loader rebuilt in the same run,
+            with ``reload_dataloaders_every_n_epochs``, keeps the run's one schedule); None
+            starts one from ``plan``.
 
     Raises:
         ValueError: Naming the argument, for a bad plan, rank or bounds that cannot hold
@@ -85,6 +88,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         accumulate_grad_batches: int = 1,
         step_source: Callable[[], int] | None = None,
         bounds: SizeBounds | None = None,
+        plans: PlanSchedule | None = None,
     ) -> None:
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
@@ -93,7 +97,14 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self.world_size = len(plan)
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
-        self._plans = PlanSchedule(plan, global_batch, bounds)
+        if plans is not None and (
+            plans.global_batch != global_batch or plans.world_size != len(plan)
+        ):
+            raise ValueError(
+                f"the plan schedule is for B={plans.global_batch} over {plans.world_size} "
+                f"ranks, not B={global_batch} over {len(plan)}"
+            )
+        self._plans = plans if plans is not None else PlanSchedule(plan, global_batch, bounds)
         self.num_samples = num_samples
         self.global_batch = global_batch
         self.rank = rank

@@ -30,7 +30,8 @@ class ExchangeMessage:
         imbalance: The latest ready window's max/min median ratio minus one.
         plan: The plan to apply now, or None.
         more_pending: A decision is still being computed: poll again.
-        failed: Rank 0's decider raised; every rank raises the error next.
+        failed: Rank 0's work failed (its decider, or any local work under the driver's
+            guard); every rank raises that error next.
     """
 
     decided: bool = False

@@ -23,7 +23,8 @@ call below is made by every process at the same step, so the collectives it issu
 
 Failures reach every rank. Local work (reading timers, memory, the decider on rank 0) runs
 under :meth:`~WindowDriver.guard`: an exception is kept, the loop goes on with the same
-collectives, and the next one carries a failure flag; then every rank raises the same
+collectives, and the next window gather, exchange, checkpoint gather or end-of-training
+gather carries every rank's failure flag; then every rank raises the same
 :class:`~lightning_rex.driver.errors.RexRankError`, naming the failing rank and its error.
 Nothing waits on a socket closing (NCCL would not notice for 30 minutes).
 """
@@ -31,6 +32,7 @@ Nothing waits on a socket closing (NCCL would not notice for 30 minutes).
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import uuid
 import warnings
@@ -94,6 +96,10 @@ class LoopConfig:
             raise ValueError(f"window must be an integer >= 5 steps, got {self.window}")
         if isinstance(self.warmup, bool) or int(self.warmup) != self.warmup or self.warmup < 0:
             raise ValueError(f"warmup must be an integer >= 0 steps, got {self.warmup}")
+        if not 1 <= self.min_steps <= self.window:
+            raise ValueError(
+                f"min_steps must be in [1, window={self.window}], got {self.min_steps}"
+            )
         if not 1 <= self.lag < self.window or int(self.lag) != self.lag:
             raise ValueError(
                 f"decision_lag must be in [1, window={self.window}), got {self.decision_lag}"
@@ -159,6 +165,7 @@ class WindowDriver:
         self.run_id = ""
         self.dropped = 0
         self.device_keys: list[str] = []
+        self.failed = False
         self._failure: tuple[BaseException, str] | None = None
         self._skip_until = 0
         self._exchange_at: int | None = None
@@ -167,6 +174,7 @@ class WindowDriver:
         self._window_plan: Plan | None = None
         self._t0 = 0.0
         self._last_clock = 0.0
+        self._resumed_window = False
 
     # ------------------------------------------------------------------ properties
     @property
@@ -227,6 +235,7 @@ class WindowDriver:
         )
         rank = int(bad[0])
         own = rank == self.collectives.rank and self._failure is not None
+        self.failed = True  # on every rank alike: nothing more to save or exchange
         self.close()
         error = RexRankError(rank, str(texts[rank] or "(no message)"), where)
         if own:
@@ -281,6 +290,7 @@ class WindowDriver:
                 rows[lo : lo + self.collectives.hosted, j] for j in range(len(self._steps))
             ]
             self.dropped = saved["dropped"]
+            self._resumed_window = bool(self._steps)  # its wall time began in another run
         else:
             self._skip_until = max(self._skip_until, step + self.config.warmup)
         if self.is_rank_zero:
@@ -288,6 +298,8 @@ class WindowDriver:
                 self.decider = self._make_decider(plan, bounds)
                 if same and saved is not None and saved["controller"] is not None:
                     self.decider.load_state_dict(saved["controller"])
+                    # this run's bounds, not the checkpoint's (a new minimum, say)
+                    self.decider.set_bounds(bounds.min_size, bounds.caps(n))
                 self.observer = BackgroundObserver(
                     self.decider, bounds.min_size, self.config.background
                 )
@@ -314,6 +326,7 @@ class WindowDriver:
                 self._samples, self._steps = [], []  # the plan changed under the window
             if not self._steps:
                 self._window_plan, self._t0 = plan, self._last_clock
+                self._resumed_window = False
             self._samples.append(sample)
             self._steps.append(step)
         self._last_clock = now
@@ -374,12 +387,13 @@ class WindowDriver:
             return
         steps = [s for s, g in zip(self._steps, good) if g]
         window = Window(times[:, good], self._window_plan, steps[0], self._steps[-1] + 1)
-        wall = self._clock() - self._t0
+        wall = math.nan if self._resumed_window else self._clock() - self._t0
+        self._resumed_window = False
         samples = k * sum(self._window_plan)  # the true global count, not N x rank 0's
         info = {
             "telemetry": telemetry,
             "window_samples": samples,
-            "window_wall_s": wall,
+            "window_wall_s": None if math.isnan(wall) else wall,
             "global_samples_per_s": samples / wall if wall > 0 else None,
             "dropped_samples": bad,
         }
@@ -391,27 +405,28 @@ class WindowDriver:
 
     # ------------------------------------------------------------------ exchange
     def _exchange(self, step: int) -> None:
+        """Every rank: flags and free steps gathered, rank 0's decisions broadcast, plan set."""
         self._exchange_at = None
         ready: list[Pending] = []
-        mine = ExchangeMessage()
+        n = self.target.plan_schedule.world_size
+        row = ExchangeMessage().to_row(n)
         if self.is_rank_zero and self.observer is not None:
             with self.guard("deciding on a window"):
-                ready = self.observer.take_ready()
-                if self.observer.error is not None:
-                    raise self.observer.error
-                for e in ready:
-                    if isinstance(e.outcome, BaseException):
-                        raise e.outcome
-                ready = self._decline_recommendations(ready)
-                mine = ExchangeMessage.from_ready(
+                ready = self._take_decisions()
+                row = ExchangeMessage.from_ready(
                     [float(e.window.medians.max() / e.window.medians.min() - 1) for e in ready],
                     [self._to_apply(e) for e in ready],
                     self.observer.pending,
-                )
+                ).to_row(n)
         if self._failure is not None and self.is_rank_zero:
-            mine = ExchangeMessage(failed=True)
-        n = self.target.plan_schedule.world_size
-        msg = ExchangeMessage.from_row(self.collectives.broadcast_row(mine.to_row(n)))
+            ready, row = [], ExchangeMessage(failed=True).to_row(n)
+        # every rank's failure flag and first unfetched step, then rank 0's decisions
+        local = np.zeros((self.collectives.hosted, 2))
+        local[:, 0] = self._flags()
+        local[:, 1] = self.target.first_free_step()
+        gathered = self.collectives.gather_rows(local)
+        self._check(gathered[:, 0], f"the exchange at step {step}")
+        msg = ExchangeMessage.from_row(self.collectives.broadcast_row(row))
         if msg.failed:
             self._check(np.r_[1.0, np.zeros(n - 1)], f"the exchange at step {step}")
         if msg.more_pending:
@@ -419,15 +434,29 @@ class WindowDriver:
         before = self.target.plan_schedule.changes
         effective = None
         if msg.plan is not None:
-            free = np.full((self.collectives.hosted, 1), float(self.target.first_free_step()))
-            effective = max(step + 1, int(self.collectives.gather_rows(free).max()))
+            effective = max(step + 1, int(gathered[:, 1].max()))
             self.target.schedule_plan(msg.plan, effective)
             self._skip_until = effective
             self._samples, self._steps = [], []
-        for e in ready:
-            self._record(e, msg.plan, effective, before)
+        if ready:
+            with self.guard("writing the decision records"):
+                for e in ready:
+                    self._record(e, msg.plan, effective, before)
         if self._on_exchange is not None:
             self._on_exchange(msg)
+
+    def _take_decisions(self) -> list[Pending]:
+        """Rank 0: the decisions ready now; a decider's error is raised (into the guard)."""
+        assert self.observer is not None
+        ready = self.observer.take_ready()
+        if self.observer.error is not None:
+            raise self.observer.error
+        for e in ready:
+            if not isinstance(e.outcome, Decision):
+                raise e.outcome or RuntimeError("a window's decision was lost")
+            if e.outcome.kind == "propose" and not self.config.apply_plans:
+                self.observer.decline()  # monitor-only: the proposal becomes a recommendation
+        return ready
 
     def _to_apply(self, e: Pending) -> Plan | None:
         d = e.outcome
@@ -435,15 +464,14 @@ class WindowDriver:
             return None
         return d.plan
 
-    def _decline_recommendations(self, ready: list[Pending]) -> list[Pending]:
-        if not self.config.apply_plans:
-            for e in ready:
-                if isinstance(e.outcome, Decision) and e.outcome.kind == "propose":
-                    assert self.observer is not None
-                    self.observer.decline()
-        return ready
-
-    def _record(self, e: Pending, applied: Plan | None, effective: int | None, before: int) -> None:
+    def _record(
+        self,
+        e: Pending,
+        applied: Plan | None,
+        effective: int | None,
+        before: int,
+        note: str = "",
+    ) -> None:
         d = e.outcome
         assert isinstance(d, Decision)
         mine = applied is not None and d.plan == applied
@@ -459,10 +487,11 @@ class WindowDriver:
             adaptive=self.config.apply_plans,
             run_id=self.run_id,
         )
+        if note:
+            record["reason"] = f"{record['reason']}; {note}"
         self.records.append(record)
         if self._on_record is not None:
-            with self.guard("writing the decision log"):
-                self._on_record(record)
+            self._on_record(record)
 
     # ------------------------------------------------------------------ checkpoints and end
     def state_dict(self) -> dict[str, Any]:
@@ -474,9 +503,15 @@ class WindowDriver:
         Returns:
             JSON-able data (see :mod:`lightning_rex.driver.state`).
 
+            Empty after a :class:`RexRankError` (every rank raised it together, and a save
+            while handling it, such as Lightning's ``OnExceptionCheckpoint``, must not
+            start another collective).
+
         Raises:
             RexRankError: On every rank, when a rank's work had failed.
         """
+        if self.failed:
+            return {}
         sched = self.target.plan_schedule
         pending: list[dict[str, Any]] = []
         controller = None
@@ -516,16 +551,25 @@ class WindowDriver:
         }
 
     def finish(self) -> None:
-        """End of training (every rank): agree that no rank failed, then stop the thread.
+        """End of training (every rank): record what is left, agree that no rank failed.
+
+        Decisions still waiting for an exchange are recorded on rank 0 (a plan among them
+        was never applied: the decider is told, as in monitor-only use), then every rank
+        gathers the failure flags once more, and the decider's thread stops.
 
         Raises:
             RexRankError: On every rank, when a rank's work had failed.
         """
         if self.is_rank_zero and self.observer is not None:
             with self.guard("finishing the decider's work"):
-                for e in self.observer.drain():
-                    if isinstance(e.outcome, BaseException):
-                        raise e.outcome
+                self.observer.drain()
+                before = self.target.plan_schedule.changes
+                for e in self._take_decisions():
+                    d = e.outcome
+                    if self.config.apply_plans and isinstance(d, Decision) and d.plan is not None:
+                        self.observer.decline()
+                    self._record(e, None, None, before, "training ended before its exchange")
+                self.observer.drain()
         gathered = self.collectives.gather_rows(self._flags()[:, None])
         self._check(gathered[:, 0], "the end of training")
         self.close()

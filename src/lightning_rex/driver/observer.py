@@ -79,7 +79,8 @@ class BackgroundObserver:
         )
         self._queue: collections.deque[tuple[Pending, concurrent.futures.Future[None] | None]]
         self._queue = collections.deque()
-        self.error: BaseException | None = None  # a failed decline (nothing else fails outside)
+        # a failed decline: it has no window of its own to carry its error
+        self.error: BaseException | None = None
 
     @property
     def pending(self) -> bool:
@@ -110,7 +111,7 @@ class BackgroundObserver:
             if caps is not None:
                 self.decider.set_bounds(self.min_size, caps)
             entry.outcome = self.decider.observe(entry.window)
-        except Exception as err:  # reported through the next exchange, on every rank
+        except BaseException as err:  # reported through the next exchange, on every rank
             entry.outcome = err
 
     def take_ready(self) -> list[Pending]:

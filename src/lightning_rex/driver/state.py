@@ -34,6 +34,7 @@ from lightning_rex.core.state import (
     field,
     int_list,
     optional,
+    real,
     whole,
 )
 from lightning_rex.core.window import Window
@@ -75,13 +76,17 @@ def pending_to_state(entry: Pending) -> dict[str, Any]:
     }
 
 
-def pending_from_state(d: Any, name: str, world_size: int) -> Pending:
-    """Rebuild a queued entry, checking it.
+def pending_from_state(
+    d: Any, name: str, world_size: int, global_batch: int, bounds: SizeBounds
+) -> Pending:
+    """Rebuild a queued entry, checking it (its plan as strictly as any plan).
 
     Args:
         d: A dictionary from :func:`pending_to_state`.
         name: Its dotted name, for errors.
         world_size: The number of ranks.
+        global_batch: The global batch ``B``.
+        bounds: The size bounds.
 
     Returns:
         The entry, ready to be exchanged.
@@ -103,8 +108,26 @@ def pending_from_state(d: Any, name: str, world_size: int) -> Pending:
     info = field(d, "info", name)
     if not isinstance(info, dict):
         raise StateError(f"{name}.info", "must be a mapping")
+    clean: dict[str, Any] = {"telemetry": None}
+    for key in _INFO_KEYS:
+        v = info.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise StateError(f"{name}.info.{key}", f"must be a number or null, got {v!r}")
+        clean[key] = v
+    clean["dropped_samples"] = int(clean["dropped_samples"] or 0)
     decision = Decision.from_dict(field(d, "decision", name), f"{name}.decision")
-    return Pending(window, {**info, "telemetry": None}, decision)
+    if decision.plan is not None:
+        if len(decision.plan) != world_size:
+            raise StateError(
+                f"{name}.decision.plan", f"must have {world_size} entries, got {len(decision.plan)}"
+            )
+        try:
+            bounds.check(decision.plan, global_batch, "plan")
+        except ValueError as err:
+            raise StateError(f"{name}.decision.plan", str(err)) from None
+        if decision.kind not in ("propose", "rollback"):
+            raise StateError(f"{name}.decision.plan", f"must be null for a {decision.kind}")
+    return Pending(window, clean, decision)
 
 
 def check_state(
@@ -162,7 +185,10 @@ def check_state(
     pend = field(s, "pending", name)
     if not isinstance(pend, list):
         raise StateError(f"{name}.pending", "must be a list")
-    out["pending"] = [pending_from_state(p, f"{name}.pending[{i}]", n) for i, p in enumerate(pend)]
+    out["pending"] = [
+        pending_from_state(p, f"{name}.pending[{i}]", n, global_batch, bounds)
+        for i, p in enumerate(pend)
+    ]
     out["dropped"] = whole(field(s, "dropped", name), f"{name}.dropped", 0)
     ctl = field(s, "controller", name)
     if ctl is not None and check_decider is not None:
@@ -205,9 +231,10 @@ def _rates(v: Any, name: str) -> dict[str, list[float]]:
     for k, pair in v.items():
         if not isinstance(pair, list) or len(pair) != 2:
             raise StateError(f"{name}[{k!r}]", "must be [rate, overhead]")
-        rate, over = (float(x) for x in pair)
-        if not (math.isfinite(rate) and rate > 0 and math.isfinite(over) and over >= 0):
-            raise StateError(f"{name}[{k!r}]", f"must be a rate > 0 and an overhead >= 0: {pair}")
+        rate = real(pair[0], f"{name}[{k!r}][0]", positive=True)
+        over = real(pair[1], f"{name}[{k!r}][1]")
+        if over < 0:
+            raise StateError(f"{name}[{k!r}][1]", f"must be an overhead >= 0, got {over}")
         out[str(k)] = [rate, over]
     return out
 

@@ -95,6 +95,7 @@ class RexCallback(Callback):
             raise ValueError(f"min_effect must be >= 0, got {min_effect}")
         if not max_growth > 1.0:
             raise ValueError(f"max_growth must be > 1, got {max_growth}")
+        # the loop these arguments give (whether it applies plans is the strategy's call, per fit)
         self.loop = LoopConfig(window, decision_lag, warmup, bool(background))
         self.alpha, self.window, self.persistence = float(alpha), int(window), int(persistence)
         self.min_effect, self.max_growth = float(min_effect), float(max_growth)
@@ -117,6 +118,7 @@ class RexCallback(Callback):
         self._step = 0
         self._micro: list[int] = []
         self._comparable = True
+        self._started = False
 
     # ------------------------------------------------------------------ what it did
     @property
@@ -185,13 +187,31 @@ class RexCallback(Callback):
             on_exchange=self._progress,
         )
         self._timer.attach(pl_module.parameters())
+        self._start(trainer)
+
+    def _start(self, trainer: pl.Trainer) -> None:
+        """Start the loop (every rank, before any batch is trained).
+
+        A mid-epoch resume's step count is one behind here (Lightning advances it when the
+        epoch loop restarts): the warm-up of a resume on another world size is one step
+        short, and the first plan is scheduled from the first step no rank has fetched.
+        """
+        assert self.driver is not None and self._target is not None
+        self._started = True
+        key = "cuda" if trainer.strategy.root_device.type == "cuda" else "cpu"
+        with self.driver.guard("reading the device's identity"):
+            key = device_key(trainer.strategy.root_device, self._telemetry)
         loaded, self._loaded = self._loaded, None
-        self.driver.start(steps_done(trainer), [device_key(device, self._telemetry)], loaded)
-        if loaded and int(loaded.get("world_size", trainer.world_size)) != trainer.world_size:
+        step = steps_done(trainer)
+        self.driver.start(step, [key], loaded)
+        sched = self._target.plan_schedule
+        saved = (loaded or {}).get("world_size"), (loaded or {}).get("global_batch")
+        if loaded and saved != (sched.world_size, sched.global_batch):
+            plan = sched.plan_at(self.driver.measuring_from)
             rank_zero_warn(
-                f"RexCallback: the checkpoint was made with {loaded['world_size']} ranks, this "
-                f"run has {trainer.world_size}; the controller starts afresh from the plan "
-                f"{target.plan_schedule.plan_at(steps_done(trainer))} (rates known per device: "
+                f"RexCallback: the checkpoint was made with {saved[0]} ranks and a global batch "
+                f"of {saved[1]}, this run has {sched.world_size} and {sched.global_batch}; the "
+                f"controller starts afresh from the plan {plan} (rates known per device: "
                 f"{sorted(loaded.get('device_rates', {}))})"
             )
 
@@ -213,20 +233,22 @@ class RexCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         """Start timing this rank's compute."""
-        if self.driver is None:
+        if self.driver is None or not self._started:
             return
+        assert self._target is not None
+        # what every rank must agree on is computed from shared state, outside any guard
+        if not self._micro:
+            self._step = steps_done(trainer)
+            self._comparable = True
+        plan = self._target.plan_schedule.plan_at(self._step)
+        sizes = getattr(trainer.strategy, "current_batch_sizes", lambda: None)()
+        if sizes is not None and sizes != plan:
+            self._comparable = False  # the epoch's final partial batch: not comparable
+        self._micro.append((plan if sizes is None else sizes)[trainer.global_rank])
         with self.driver.guard("starting the step timer"):
             assert self._timer is not None and self._memory is not None
-            assert self._target is not None
-            if not self._micro:
-                self._step = steps_done(trainer)
-                self._comparable = True
+            if len(self._micro) == 1:
                 self._memory.step_start()
-            plan = self._target.plan_schedule.plan_at(self._step)
-            sizes = getattr(trainer.strategy, "current_batch_sizes", lambda: None)()
-            if sizes is not None and sizes != plan:
-                self._comparable = False  # the epoch's final partial batch: not comparable
-            self._micro.append((plan if sizes is None else sizes)[trainer.global_rank])
             self._timer.start()
 
     def on_train_batch_end(
@@ -238,7 +260,7 @@ class RexCallback(Callback):
         batch_idx: int,
     ) -> None:
         """Close the micro-batch; at the end of a step, hand its sample to the driver."""
-        if self.driver is None:
+        if self.driver is None or not self._started:
             return
         with self.driver.guard("stopping the step timer"):
             assert self._timer is not None
@@ -258,7 +280,7 @@ class RexCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Agree that no rank failed, then release the hooks and the background thread."""
         try:
-            if self.driver is not None:
+            if self.driver is not None and self._started:
                 self.driver.finish()
         finally:
             self._release()
@@ -325,7 +347,9 @@ class RexCallback(Callback):
         Returns:
             A dictionary of plain Python values (empty outside a fit).
         """
-        return {} if self.driver is None else self.driver.state_dict()
+        if self.driver is None or not self._started:
+            return dict(self._loaded or {})  # not started yet: what it was given, unchanged
+        return self.driver.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the state until the driver exists (``on_train_start``), which checks it.

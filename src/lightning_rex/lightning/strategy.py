@@ -25,7 +25,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
 from lightning_rex.core.plan import Plan, even_plan, round_fractions
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
 from lightning_rex.data.sampler import UnevenBatchSampler
 from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
@@ -40,6 +40,43 @@ if TYPE_CHECKING:
 __all__ = ["RexStrategy"]
 
 _MEAN_OPS = ("mean", "avg")
+
+
+class _TrainSampler:
+    """The driver's plan target: the train sampler the strategy holds at each call.
+
+    A loader rebuilt during a fit (``reload_dataloaders_every_n_epochs``) brings a new
+    sampler serving the same schedule; the driver keeps talking to the current one.
+    """
+
+    def __init__(self, strategy: RexStrategy) -> None:
+        self._strategy = strategy
+
+    def _sampler(self) -> UnevenBatchSampler:
+        loader = self._strategy.train_loader
+        assert loader is not None
+        return loader.batch_sampler
+
+    @property
+    def plan_schedule(self) -> PlanSchedule:
+        """The run's plan schedule."""
+        return self._sampler().plan_schedule
+
+    def first_free_step(self) -> int:
+        """The first step none of whose batches this rank has fetched."""
+        return self._sampler().first_free_step()
+
+    def schedule_plan(self, plan: Sequence[int], step: int) -> Plan:
+        """Put ``plan`` in force from ``step`` in the current sampler.
+
+        Args:
+            plan: The per-rank sizes.
+            step: The first step that uses them.
+
+        Returns:
+            The validated plan.
+        """
+        return self._sampler().schedule_plan(plan, step)
 
 
 class RexStrategy(DDPStrategy):
@@ -292,7 +329,11 @@ class RexStrategy(DDPStrategy):
                 "lightning-rex: the module has BatchNorm layers, so no rank gets a micro-batch "
                 "below 2 samples (set RexStrategy(min_micro_batch_size=...) to choose)"
             )
-        self._loader = build_rex_loader(
+        previous = self.plan_schedule
+        # a loader rebuilt in this fit (reload_dataloaders_every_n_epochs) keeps the run's one
+        # schedule, if it still fits the global batch
+        keep = previous if previous is not None and self._same_batch(previous, dataloader) else None
+        loader = build_rex_loader(
             dataloader,
             world_size=self.world_size,
             rank=self.global_rank,
@@ -300,8 +341,10 @@ class RexStrategy(DDPStrategy):
             accumulate_grad_batches=trainer.accumulate_grad_batches,
             step_source=lambda: steps_done(trainer),
             bounds=bounds,
+            plans=keep,
             use_distributed_sampler=trainer._accelerator_connector.use_distributed_sampler,
         )
+        self._loader = loader
         saved = loader_state_to_restore(trainer)
         if saved is not None:
             self._loader.load_state_dict(saved)
@@ -312,10 +355,23 @@ class RexStrategy(DDPStrategy):
         """The processed train loader, or None before it is set up."""
         return self._loader
 
+    def _same_batch(self, schedule: PlanSchedule, dataloader: object) -> bool:
+        bs = getattr(dataloader, "batch_size", None)
+        return (
+            bs is not None
+            and schedule.world_size == self.world_size
+            and schedule.global_batch == int(bs) * self.world_size
+        )
+
     @property
-    def plan_target(self) -> UnevenBatchSampler | None:
-        """The train loader's sampler: the home of the plan schedule (None before it exists)."""
-        return None if self._loader is None else self._loader.batch_sampler
+    def plan_schedule(self) -> PlanSchedule | None:
+        """The run's plan schedule, held by the train sampler (None before it exists)."""
+        return None if self._loader is None else self._loader.batch_sampler.plan_schedule
+
+    @property
+    def plan_target(self) -> _TrainSampler | None:
+        """The window driver's plan target: whichever train sampler this strategy holds now."""
+        return None if self._loader is None else _TrainSampler(self)
 
     @property
     def plan(self) -> Plan | None:
