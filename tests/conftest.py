@@ -1,7 +1,10 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -13,3 +16,21 @@ def _clean_process_state():
         torch.distributed.destroy_process_group()
     os.environ.clear()
     os.environ.update(env)
+
+
+@pytest.fixture(autouse=True)
+def _no_files_in_the_checkout():
+    """A test that writes run outputs into the checkout (a Trainer without a root dir) fails."""
+    before = {p.name for p in _ROOT.iterdir()}
+    yield
+    new = {p.name for p in _ROOT.iterdir()} - before
+    assert not new, f"the test wrote {sorted(new)} into the checkout; give it a tmp_path"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_files_in_the_checkout_from_shared_fixtures():
+    """The same check for module- and session-scoped fixtures, at the end of the session."""
+    before = {p.name for p in _ROOT.iterdir()}
+    yield
+    new = {p.name for p in _ROOT.iterdir()} - before
+    assert not new, f"the session wrote {sorted(new)} into the checkout; give it a tmp_path"

@@ -50,6 +50,7 @@ def _fit(tmp: str, devices: int, ckpt: str | None = None, **strategy: Any) -> _T
         max_steps=STEPS if ckpt is None else STEPS + 10,
         callbacks=[cb, ck, trained],
         enable_checkpointing=True,
+        default_root_dir=tmp,
     )
     t.fit(RegModel(), DataLoader(make_dataset(N), batch_size=BS, shuffle=True), ckpt_path=ckpt)
     return trained

@@ -10,6 +10,7 @@ handle: on gloo the survivor's next collective fails once the peer's sockets clo
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,7 +44,7 @@ class _Dies(RegModel):
         return super().training_step(batch, batch_idx)
 
 
-def _fit(rank: int, how: str) -> None:
+def _fit(rank: int, how: str, root: str) -> None:
     if how in ("controller-background", "controller-inline") and rank == 0:
         real = Controller.observe
 
@@ -56,13 +57,13 @@ def _fit(rank: int, how: str) -> None:
     background = how != "controller-inline"
     cb = with_step_times(_times, window=10, background=background)
     model = _Dies(how) if how in ("raise", "exit") else RegModel()
-    t = quiet_trainer(strategy=RexStrategy(), max_steps=200, callbacks=[cb])
+    t = quiet_trainer(strategy=RexStrategy(), max_steps=200, callbacks=[cb], default_root_dir=root)
     t.fit(model, DataLoader(make_dataset(64 * 200), batch_size=32))
 
 
 @pytest.mark.parametrize("how", ["controller-background", "controller-inline"])
-def test_an_error_in_rank_0s_controller_is_raised_on_every_rank(how: str) -> None:
-    out = run_expecting_failure(_fit, how)
+def test_an_error_in_rank_0s_controller_is_raised_on_every_rank(how: str, tmp_path: Path) -> None:
+    out = run_expecting_failure(_fit, how, str(tmp_path))
     for r in (0, 1):
         assert out[r]["exitcode"] == 1, out
         assert out[r]["error"] == "RexRankError", out
@@ -71,8 +72,8 @@ def test_an_error_in_rank_0s_controller_is_raised_on_every_rank(how: str) -> Non
 
 
 @pytest.mark.parametrize("how", ["raise", "exit"])
-def test_a_rank_whose_training_step_fails_or_dies_ends_every_rank(how: str) -> None:
-    out = run_expecting_failure(_fit, how)
+def test_a_rank_whose_training_step_fails_or_dies_ends_every_rank(how: str, tmp_path: Path) -> None:
+    out = run_expecting_failure(_fit, how, str(tmp_path))
     assert out[1]["exitcode"] == 1, out
     if how == "raise":
         assert out[1]["error"] == "RuntimeError" and "user code failed" in out[1]["message"]

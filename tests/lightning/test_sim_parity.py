@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,15 +55,17 @@ def _key(r: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _train(rank: int) -> dict[str, Any]:
+def _train(rank: int, root: str) -> dict[str, Any]:
     cb = with_step_times(recorded, window=WINDOW, background=False)
-    t = quiet_trainer(strategy=RexStrategy(), max_steps=STEPS, callbacks=[cb])
+    t = quiet_trainer(
+        strategy=RexStrategy(), max_steps=STEPS, callbacks=[cb], default_root_dir=root
+    )
     t.fit(RegModel(), DataLoader(make_dataset(B * STEPS), batch_size=B // 2, shuffle=True))
     return {"records": [_key(r) for r in cb.records], "schedule": cb.plan_history}
 
 
-def test_same_step_times_same_decisions() -> None:
-    trained = run_distributed(_train)
+def test_same_step_times_same_decisions(tmp_path: Path) -> None:
+    trained = run_distributed(_train, str(tmp_path))
     cb = RexCallback(window=WINDOW, background=False)
     decider = cb._make_controller((B // 2, B // 2), SizeBounds())
 

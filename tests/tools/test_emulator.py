@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning as L
 from lightning_rex import HeterogeneityEmulator
+from lightning_rex.tools import emulator as emulator_module
 from lightning_rex.tools.bench import BenchModel
 
 
@@ -74,7 +76,42 @@ class _Delays(HeterogeneityEmulator):
         self.per_step.append((trainer.global_step, self.total_delay_s - before, no_grads_yet))
 
 
-def _fit(emu: HeterogeneityEmulator, batch: int, steps: int = 6) -> None:
+class _Clock:
+    """Stands in for the emulator's ``time`` module: time passes only when the test says so."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class _TimedModel(BenchModel):
+    """On the fake clock, its forward takes 1 ms per sample and its backward twice that."""
+
+    def __init__(self, clock: _Clock | None) -> None:
+        super().__init__(width=64, depth=2)
+        self.clock = clock
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if self.clock is not None:
+            clock, n = self.clock, len(batch[0])
+            clock.t += 0.001 * n
+
+            def backward_starts(grad: torch.Tensor) -> None:
+                clock.t += 0.002 * n  # before any parameter's gradient is ready
+
+            loss.register_hook(backward_starts)
+        return loss
+
+
+def _fit(
+    emu: HeterogeneityEmulator, batch: int, steps: int = 6, clock: _Clock | None = None
+) -> None:
     torch.set_num_threads(1)
     n = batch * steps
     ds = TensorDataset(torch.randn(n, 16, 32), torch.randint(0, 10, (n,)))
@@ -84,7 +121,7 @@ def _fit(emu: HeterogeneityEmulator, batch: int, steps: int = 6) -> None:
         max_steps=steps,
         callbacks=[emu],
     )
-    t.fit(BenchModel(width=64, depth=2), DataLoader(ds, batch_size=batch))
+    t.fit(_TimedModel(clock), DataLoader(ds, batch_size=batch))
 
 
 def test_delay_only_inside_events_and_before_gradients() -> None:
@@ -95,12 +132,28 @@ def test_delay_only_inside_events_and_before_gradients() -> None:
         assert no_grads  # the extra time is spent before this step's gradients exist
 
 
-def test_delay_scales_with_the_steps_own_work() -> None:
-    small, large = _Delays([3.0]), _Delays([3.0])
-    _fit(small, batch=2, steps=8)
-    _fit(large, batch=256, steps=8)
-    mean = lambda e: sum(d for _, d, _ in e.per_step[2:]) / len(e.per_step[2:])  # noqa: E731
-    assert mean(large) > 3 * mean(small)
+@pytest.mark.parametrize("batch", [2, 256])
+def test_delay_is_the_extra_compute_of_a_slower_device(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slowdown 3: (3 - 1) x (forward + measured backward) = 2 x 3 ms per sample, every step."""
+    clock = _Clock()
+    monkeypatch.setattr(emulator_module, "time", clock)
+    emu = _Delays([3.0])
+    _fit(emu, batch=batch, clock=clock)
+    assert [d for _, d, _ in emu.per_step] == pytest.approx([0.006 * batch] * 6)
+    assert emu.total_delay_s == pytest.approx(6 * 0.006 * batch)
+
+
+def test_the_backward_ratio_follows_the_measured_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prior ratio of 0.5 moves towards the measured 2.0, so later delays grow towards 6 ms."""
+    clock = _Clock()
+    monkeypatch.setattr(emulator_module, "time", clock)
+    emu = _Delays([3.0], backward_ratio=0.5)
+    _fit(emu, batch=10, clock=clock)
+    delays = [d for _, d, _ in emu.per_step]
+    assert delays[0] == pytest.approx(2 * 0.010 * 1.5)
+    assert all(a < b < 2 * 0.010 * 3.0 for a, b in itertools.pairwise(delays))
 
 
 def test_slowdowns_must_match_world_size() -> None:
