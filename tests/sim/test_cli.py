@@ -29,6 +29,7 @@ def test_json_is_exactly_one_object_with_the_schema(capsys):
         "throughput",
         "limit_throughput",
         "efficiency",
+        "steady_efficiency",
         "time_to_90pct_windows",
         "rescales",
         "rollbacks",
@@ -40,6 +41,10 @@ def test_json_is_exactly_one_object_with_the_schema(capsys):
     }
     assert set(d["policies"]["rex"]) == keys
     assert d["policies"]["oracle"]["efficiency"] == 1.0
+    assert d["policies"]["oracle"]["steady_efficiency"] == 1.0
+    # the cold start from the even plan weighs on the whole run, not on the steady state
+    rex = d["policies"]["rex"]
+    assert rex["efficiency"] < rex["steady_efficiency"] <= 1.0
 
 
 def test_compare_table(capsys):
@@ -66,3 +71,18 @@ def test_bad_scenario_and_policy(capsys, tmp_path):
     assert rc == 2 and "x" in err
     with pytest.raises(SystemExit, match="unknown policy 'magic'; choose from even"):
         run_cli(["--scenario", "pair-3x", "--compare", "rex,magic"], capsys)
+
+
+def test_loop_overrides_change_when_plans_take_effect(capsys):
+    base = ["--scenario", "pair-3x", "--policy", "proportional", "--steps", "300", "--json"]
+    rc, out, _ = run_cli(base, capsys)
+    rc_fast, out_fast, _ = run_cli([*base, "--warmup", "0", "--decision-lag", "1"], capsys)
+    default, fast = (json.loads(o)["policies"]["proportional"] for o in (out, out_fast))
+    assert rc == rc_fast == 0
+    # the same policy, acting sooner: its first better plan runs for more of the 300 steps
+    assert fast["throughput"] > default["throughput"]
+
+
+def test_bad_loop_override_is_a_clear_error(capsys):
+    rc, _, err = run_cli(["--scenario", "pair-3x", "--decision-lag", "0"], capsys)
+    assert rc == 2 and "decision_lag must be in [1, window=" in err

@@ -12,9 +12,11 @@ Comparison (the oracle always runs too, since efficiency needs it)::
 With ``--json`` stdout holds exactly one JSON object,
 ``{"scenario", "seed", "policies": {name: {metrics}}}`` (see
 :class:`lightning_rex.sim.engine.SimResult`). ``--seeds 0-19`` runs a fixed seed set and
-prints aggregates instead (mean/min efficiency, false rescales per 10,000 steps, the share
-of events acted on within 3 windows, decision latency); ``--cv`` / ``--ar1`` / ``--steps``
-override the scenario.
+prints aggregates instead (mean/min efficiency over the whole run and at steady state,
+false rescales per 10,000 steps, the share of events acted on within 3 windows, decision
+latency); ``--cv`` / ``--ar1`` / ``--steps`` override the scenario, and ``--warmup`` /
+``--decision-lag`` the window loop's settings (to see what each of training's costs takes
+from a policy).
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cv", type=float, default=None, help="override the noise CV")
     p.add_argument("--ar1", type=float, default=None, help="override the noise AR(1)")
     p.add_argument("--steps", type=int, default=None, help="override the run length")
+    p.add_argument(
+        "--warmup", type=int, default=None, help="override the loop's warm-up steps (default 10)"
+    )
+    p.add_argument(
+        "--decision-lag",
+        type=int,
+        default=None,
+        help="override the steps from a window's end to its decision (default window // 2)",
+    )
     p.set_defaults(func=main)
     return p
 
@@ -105,7 +116,8 @@ def main(args: argparse.Namespace) -> int:
     Returns:
         The exit code: 0, or 2 for a bad scenario.
     """
-    from lightning_rex.sim.engine import run, simulate
+    from lightning_rex.driver.loop import LoopConfig
+    from lightning_rex.sim.engine import default_loop, run, simulate
     from lightning_rex.sim.policies import OraclePolicy
     from lightning_rex.sim.scenario import ScenarioError, load_scenario
 
@@ -118,10 +130,21 @@ def main(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
+    loop = default_loop(scen)
+    try:
+        loop = LoopConfig(
+            window=loop.window,
+            decision_lag=args.decision_lag,
+            warmup=loop.warmup if args.warmup is None else args.warmup,
+            background=loop.background,
+        )
+    except ValueError as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
     names = _policies(args)
     if args.seeds is None:
         oracle = simulate(scen, OraclePolicy(scen), args.seed)
-        res = {n: run(scen, n, args.seed, oracle=oracle).to_dict() for n in names}
+        res = {n: run(scen, n, args.seed, oracle=oracle, loop=loop).to_dict() for n in names}
         if args.json:
             print(json.dumps({"scenario": scen.name, "seed": args.seed, "policies": res}))
         else:
@@ -132,6 +155,7 @@ def main(args: argparse.Namespace) -> int:
             cols = [
                 "throughput",
                 "efficiency",
+                "steady_efficiency",
                 "time_to_90pct_windows",
                 "rescales",
                 "rollbacks",
@@ -147,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
     for seed in seeds:
         oracle = simulate(scen, OraclePolicy(scen), seed)
         for n in names:
-            per[n].append(run(scen, n, seed, oracle=oracle).to_dict())
+            per[n].append(run(scen, n, seed, oracle=oracle, loop=loop).to_dict())
     agg = {n: _aggregate(rs, scen.steps) for n, rs in per.items()}
     if args.json:
         print(json.dumps({"scenario": scen.name, "seeds": seeds, "policies": agg}))
@@ -168,6 +192,8 @@ def _aggregate(rs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     return {
         "eff_mean": float(eff.mean()),
         "eff_min": float(eff.min()),
+        "steady_eff_mean": float(np.mean([r["steady_efficiency"] for r in rs])),
+        "steady_eff_min": float(np.min([r["steady_efficiency"] for r in rs])),
         "throughput_mean": float(np.mean([r["throughput"] for r in rs])),
         "t90_max": None if any(t is None for t in t90) else int(max(t90)),
         "rescales_mean": float(np.mean([r["rescales"] for r in rs])),

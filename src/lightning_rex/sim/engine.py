@@ -75,6 +75,9 @@ class SimResult:
         throughput: Samples per simulated second over the whole run.
         limit_throughput: The oracle's throughput on the same seed.
         efficiency: ``throughput / limit_throughput``.
+        steady_efficiency: The same ratio over the last 90% of the run's ``window``-step
+            chunks (the oracle's time over the policy's): the cold start from the even plan,
+            the warm-up and the first decisions' lag left out.
         time_to_90pct_windows: Index (0-based) of the first ``window``-step chunk whose mean
             step time is within ``1 / 0.9`` of the oracle's in the same chunk, or None.
         rescales: Plan changes (0 for even and oracle).
@@ -95,6 +98,7 @@ class SimResult:
     throughput: float
     limit_throughput: float
     efficiency: float
+    steady_efficiency: float
     time_to_90pct_windows: int | None
     rescales: int
     rollbacks: int
@@ -424,6 +428,8 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
     for e in s.events:
         after = [st for st, _, _ in trace.changes if st > e.start]
         delays.append(math.ceil((after[0] - e.start) / s.window) if after else None)
+    first = len(trace.window_step_s) // 10
+    steady = float(np.sum(oracle.window_step_s[first:]) / np.sum(trace.window_step_s[first:]))
     ms = np.asarray(trace.decision_ms) if trace.decision_ms else np.zeros(1)
     no_rescale = trace.policy in ("even", "oracle")
     return SimResult(
@@ -433,6 +439,7 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
         throughput=float(thr),
         limit_throughput=float(lim),
         efficiency=float(thr / lim),
+        steady_efficiency=steady,
         time_to_90pct_windows=t90,
         rescales=0 if no_rescale else len(trace.changes),
         rollbacks=trace.rollbacks,
