@@ -78,3 +78,21 @@ def test_a_rank_whose_training_step_fails_or_dies_ends_every_rank(how: str, tmp_
     if how == "raise":
         assert out[1]["error"] == "RuntimeError" and "user code failed" in out[1]["message"]
     assert out[0]["exitcode"] == 1, out  # not None: it did not hang until the deadline
+
+
+def _too_small(rank: int, root: str) -> None:
+    t = quiet_trainer(
+        strategy=RexStrategy(max_micro_batch_size=20), max_steps=5, default_root_dir=root
+    )
+    t.fit(RegModel(), DataLoader(make_dataset(64 * 5), batch_size=32))
+
+
+def test_bounds_no_plan_can_meet_fail_on_every_rank(tmp_path: Path) -> None:
+    """max_micro_batch_size x N < B is found by every rank's strategy, not by rank 0 alone."""
+    out = run_expecting_failure(_too_small, str(tmp_path))
+    for r in (0, 1):
+        assert out[r]["exitcode"] == 1 and out[r]["error"] == "ValueError", out
+        assert (
+            "max_micro_batch_size=20 x 2 ranks is below the global batch B=64"
+            in (out[r]["message"])
+        )
