@@ -32,6 +32,7 @@ def test_json_is_exactly_one_object_with_the_schema(capsys):
         "steady_efficiency",
         "time_to_90pct_windows",
         "rescales",
+        "plan_changes",
         "rollbacks",
         "false_rescales",
         "detection_delay_windows",
@@ -86,3 +87,73 @@ def test_loop_overrides_change_when_plans_take_effect(capsys):
 def test_bad_loop_override_is_a_clear_error(capsys):
     rc, _, err = run_cli(["--scenario", "pair-3x", "--decision-lag", "0"], capsys)
     assert rc == 2 and "decision_lag must be in [1, window=" in err
+
+
+_RANK = {"rate": 1000.0, "overhead_s": 0.001}
+
+
+def _json(d):
+    return json.dumps(d).encode()
+
+
+HOSTILE = {
+    "malformed JSON": ("s.json", b'{"global_batch": 8, "steps": ', "invalid JSON: Expecting value"),
+    "malformed YAML": ("s.yaml", b"a: [1, 2\n", "invalid YAML: while parsing a flow sequence"),
+    "a binary file": ("s.json", bytes(range(128, 256)) * 8, "not a UTF-8 text file"),
+    "nested too deeply": ("s.json", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    "a huge overhead": (
+        "s.json",
+        _json({"global_batch": 64, "steps": 100, "ranks": [{**_RANK, "overhead_s": 1e300}] * 2}),
+        "ranks[0].overhead_s must be <= 10000, got 1e+300",
+    ),
+    "a huge cv": (
+        "s.json",
+        _json({"global_batch": 64, "steps": 100, "ranks": [_RANK] * 2, "noise": {"cv": 1e200}}),
+        "noise.cv must be <= 10",
+    ),
+    "a vanishing rate": (
+        "s.json",
+        _json({"global_batch": 64, "steps": 100, "ranks": [{**_RANK, "rate": 1e-300}] * 2}),
+        "ranks[0].rate must be >= 1e-12",
+    ),
+    "a huge global batch": (
+        "s.json",
+        _json({"global_batch": 10**12, "steps": 100, "ranks": [_RANK] * 2}),
+        "global_batch must be <= 16,777,216",
+    ),
+    "too many ranks": (
+        "s.json",
+        _json({"global_batch": 20_000 * 8, "steps": 10, "ranks": [_RANK] * 20_000}),
+        "ranks has 20000 entries; at most 16384",
+    ),
+    "an unbounded run": (
+        "s.json",
+        _json({"global_batch": 64, "steps": 1e12, "ranks": [_RANK] * 2}),
+        "steps must be <= 1,000,000",
+    ),
+    "too many rank-steps": (
+        "s.json",
+        _json({"global_batch": 8192 * 8, "steps": 5000, "ranks": [_RANK] * 8192}),
+        "8192 ranks x 5000 steps exceeds the limit of 20,000,000 rank-steps",
+    ),
+    "a per-rank table too large": (
+        "s.json",
+        _json({"global_batch": 1 << 20, "steps": 100, "ranks": [_RANK] * 64}),
+        "64 ranks x a largest micro-batch of 1048576 exceeds the limit",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_input_is_a_clear_message_and_exit_2(case, capsys, tmp_path):
+    name, content, message = HOSTILE[case]
+    f = tmp_path / name
+    f.write_bytes(content)
+    rc, out, err = run_cli(["--scenario", str(f)], capsys)
+    assert rc == 2 and out == ""
+    assert err.startswith(
+        f"simulate: {f}: "
+        if "file" in message or "invalid" in message or "nested" in message
+        else "simulate: "
+    )
+    assert message in err and "Traceback" not in err

@@ -158,6 +158,7 @@ def main(args: argparse.Namespace) -> int:
                 "steady_efficiency",
                 "time_to_90pct_windows",
                 "rescales",
+                "plan_changes",
                 "rollbacks",
                 "false_rescales",
                 "detection_delay_windows",
@@ -197,6 +198,7 @@ def _aggregate(rs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         "throughput_mean": float(np.mean([r["throughput"] for r in rs])),
         "t90_max": None if any(t is None for t in t90) else int(max(t90)),
         "rescales_mean": float(np.mean([r["rescales"] for r in rs])),
+        "plan_changes_mean": float(np.mean([r["plan_changes"] for r in rs])),
         "rollbacks_mean": float(np.mean([r["rollbacks"] for r in rs])),
         "false_per_10k_steps": float(
             sum(r["false_rescales"] for r in rs) * 1e4 / (steps * len(rs))

@@ -78,12 +78,15 @@ class SimResult:
         steady_efficiency: The same ratio over the last 90% of the run's ``window``-step
             chunks (the oracle's time over the policy's): the cold start from the even plan,
             the warm-up and the first decisions' lag left out.
-        time_to_90pct_windows: Index (0-based) of the first ``window``-step chunk whose mean
-            step time is within ``1 / 0.9`` of the oracle's in the same chunk, or None.
-        rescales: Plan changes (0 for even and oracle).
+        time_to_90pct_windows: Index (0-based) of the first ``window``-step chunk from which
+            every chunk's mean step time stays within ``1 / 0.9`` of the oracle's in the same
+            chunk, or None if the last chunk is not.
+        rescales: Plan changes the policy made (0 for even and oracle).
+        plan_changes: Steps on which any rank's micro-batch size changed.
         rollbacks: Rollbacks among them.
-        false_rescales: Plan changes while no event is active and the plan's noise-free step
-            time is already within 2% of the oracle's.
+        false_rescales: Plan changes made when the plan before was already within 2% of the
+            oracle's noise-free step time for the curves in force at that step (events
+            included: the oracle re-plans at every event boundary).
         detection_delay_windows: Per event, windows (``window`` steps, rounded up) from the
             event's start to the first plan change after it (None if none).
         decision_ms_p50: Median wall-clock time of one decision.
@@ -101,6 +104,7 @@ class SimResult:
     steady_efficiency: float
     time_to_90pct_windows: int | None
     rescales: int
+    plan_changes: int
     rollbacks: int
     false_rescales: int
     detection_delay_windows: list[int | None]
@@ -397,14 +401,13 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
     samples = s.global_batch * s.steps
     thr = samples / trace.total_time_s
     lim = samples / oracle.total_time_s
-    t90 = next(
-        (
-            i
-            for i, (a, b) in enumerate(zip(trace.window_step_s, oracle.window_step_s))
-            if a <= b / 0.9
-        ),
-        None,
-    )
+    # the first window from which the run stays within 90% of the oracle (a run that falls
+    # back below later is not counted as there)
+    below = [
+        i for i, (a, b) in enumerate(zip(trace.window_step_s, oracle.window_step_s)) if a > b / 0.9
+    ]
+    n_windows = len(trace.window_step_s)
+    t90 = 0 if not below else (below[-1] + 1 if below[-1] + 1 < n_windows else None)
     ref = OraclePolicy(s)
     ref.reset(
         PolicyInfo(
@@ -417,10 +420,11 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
             seed,
         )
     )
+    # every change counts, during events too: the oracle re-plans at event boundaries, so a
+    # change is false when the plan before it was already within 2% of the oracle's plan for
+    # the curves in force at that step
     false = 0
     for step, _new, before in trace.changes:
-        if s.event_active(step):
-            continue
         cur = float(s.compute_times(np.asarray(before), step).max()) + s.comm
         best = float(s.compute_times(np.asarray(ref.plan_at(step)), step).max()) + s.comm
         false += cur <= best * 1.02
@@ -442,6 +446,7 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
         steady_efficiency=steady,
         time_to_90pct_windows=t90,
         rescales=0 if no_rescale else len(trace.changes),
+        plan_changes=sum(1 for _, new, before in trace.changes if tuple(new) != tuple(before)),
         rollbacks=trace.rollbacks,
         false_rescales=0 if no_rescale else int(false),
         detection_delay_windows=[None] * len(s.events) if no_rescale else delays,

@@ -15,6 +15,14 @@ rank's time by a mean-one lognormal factor whose log follows an AR(1) process pe
 (overlapping events multiply). ``window`` is the number of steps per observation window.
 Optional keys: ``name``, ``min_size`` (default 1). Unknown keys, negative rates, an empty rank
 list or events outside the run raise :class:`ScenarioError` naming the field.
+
+Limits, so that a run's time and memory stay bounded (each is checked with a clear error):
+at most :data:`MAX_RANKS` ranks, :data:`MAX_STEPS` steps and :data:`MAX_RANK_STEPS` ranks x
+steps; ``global_batch`` at most :data:`MAX_GLOBAL_BATCH`; ranks x the largest micro-batch a
+rank may get (its ``mem_cap``, or ``global_batch``) at most :data:`MAX_GRID` (the planners
+tabulate every rank's curve over those sizes); every time, rate and factor in a range where
+step times stay finite (see :data:`LIMITS`). A file larger than :data:`MAX_FILE_BYTES`, one
+that is not UTF-8, or malformed JSON/YAML is a :class:`ScenarioError` too.
 """
 
 from __future__ import annotations
@@ -29,6 +37,13 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "LIMITS",
+    "MAX_FILE_BYTES",
+    "MAX_GLOBAL_BATCH",
+    "MAX_GRID",
+    "MAX_RANKS",
+    "MAX_RANK_STEPS",
+    "MAX_STEPS",
     "EventSpec",
     "NoiseSpec",
     "RankSpec",
@@ -38,6 +53,29 @@ __all__ = [
     "scenario_from_dict",
     "to_dict",
 ]
+
+
+MAX_RANKS = 16_384
+"""The most ranks a scenario may have."""
+MAX_STEPS = 1_000_000
+"""The longest run, in steps."""
+MAX_RANK_STEPS = 20_000_000
+"""The most ranks x steps (about two and a half minutes of this machine's CPU)."""
+MAX_GLOBAL_BATCH = 1 << 24
+"""The largest global batch."""
+MAX_GRID = 1 << 24
+"""The most ranks x largest micro-batch (cells of the planners' per-rank curve tables)."""
+MAX_FILE_BYTES = 10 << 20
+"""The largest scenario file read."""
+LIMITS: dict[str, float] = {
+    "rate": 1e12,
+    "overhead_s": 1e4,
+    "comm": 1e4,
+    "cv": 10.0,
+    "factor": 1e6,
+}
+"""Upper bounds of the numeric fields (rates are also at least ``1 / LIMITS["rate"]``, and
+event factors at least ``1 / LIMITS["factor"]``)."""
 
 
 class ScenarioError(ValueError):
@@ -222,6 +260,7 @@ def _num(
     *,
     lo: float | None = None,
     lo_open: bool = False,
+    hi: float | None = None,
     integer: bool = False,
 ) -> Any:
     if key not in d:
@@ -235,6 +274,9 @@ def _num(
         raise ScenarioError(f"{where}{key} must be an integer, got {v!r}")
     if lo is not None and (v <= lo if lo_open else v < lo):
         raise ScenarioError(f"{where}{key} must be {'>' if lo_open else '>='} {lo}, got {v!r}")
+    if hi is not None and v > hi:
+        bound = f"{int(hi):,}" if integer else f"{hi:g}"
+        raise ScenarioError(f"{where}{key} must be <= {bound}, got {v!r}")
     return int(v) if integer else float(v)
 
 
@@ -253,33 +295,47 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
             an empty rank list, infeasible bounds or events outside the run.
     """
     d = _check_keys(d, _TOP, "scenario")
-    gb = _num(d, "global_batch", "", lo=1, integer=True)
-    steps = _num(d, "steps", "", lo=1, integer=True)
-    window = _num(d, "window", "", 30, lo=1, integer=True)
-    comm = _num(d, "comm", "", 0.0, lo=0.0)
-    min_size = _num(d, "min_size", "", 1, lo=1, integer=True)
+    gb = _num(d, "global_batch", "", lo=1, hi=MAX_GLOBAL_BATCH, integer=True)
+    steps = _num(d, "steps", "", lo=1, hi=MAX_STEPS, integer=True)
+    window = _num(d, "window", "", 30, lo=1, hi=steps, integer=True)
+    comm = _num(d, "comm", "", 0.0, lo=0.0, hi=LIMITS["comm"])
+    min_size = _num(d, "min_size", "", 1, lo=1, hi=gb, integer=True)
     raw_ranks = d.get("ranks")
     if not isinstance(raw_ranks, list) or not raw_ranks:
         raise ScenarioError("ranks must be a non-empty list of rank mappings")
+    if len(raw_ranks) > MAX_RANKS:
+        raise ScenarioError(
+            f"ranks has {len(raw_ranks)} entries; at most {MAX_RANKS} are simulated"
+        )
+    if len(raw_ranks) * steps > MAX_RANK_STEPS:
+        raise ScenarioError(
+            f"{len(raw_ranks)} ranks x {steps} steps exceeds the limit of {MAX_RANK_STEPS:,} "
+            "rank-steps; shorten the run (steps)"
+        )
     ranks = []
     for i, r in enumerate(raw_ranks):
         where = f"ranks[{i}]."
         r = _check_keys(r, _RANK, f"ranks[{i}]")
         cap = r.get("mem_cap")
         if cap is not None:
-            cap = _num(r, "mem_cap", where, lo=min_size, integer=True)
+            cap = _num(r, "mem_cap", where, lo=min_size, hi=MAX_GLOBAL_BATCH, integer=True)
         ranks.append(
             RankSpec(
-                rate=_num(r, "rate", where, lo=0.0, lo_open=True),
-                overhead_s=_num(r, "overhead_s", where, 0.0, lo=0.0),
-                knee=_num(r, "knee", where, 0, lo=0, integer=True),
+                rate=_num(r, "rate", where, lo=1.0 / LIMITS["rate"], hi=LIMITS["rate"]),
+                overhead_s=_num(r, "overhead_s", where, 0.0, lo=0.0, hi=LIMITS["overhead_s"]),
+                knee=_num(r, "knee", where, 0, lo=0, hi=MAX_GLOBAL_BATCH, integer=True),
                 mem_cap=cap,
             )
         )
     n = len(ranks)
     if gb < n * min_size:
         raise ScenarioError(f"global_batch={gb} cannot give {n} ranks min_size={min_size}")
-    caps = [r.mem_cap if r.mem_cap is not None else gb for r in ranks]
+    caps = [min(r.mem_cap, gb) if r.mem_cap is not None else gb for r in ranks]
+    if n * max(caps) > MAX_GRID:
+        raise ScenarioError(
+            f"{n} ranks x a largest micro-batch of {max(caps)} exceeds the limit of "
+            f"{MAX_GRID:,} curve cells; set ranks[*].mem_cap, or use a smaller global_batch"
+        )
     if sum(caps) < gb:
         raise ScenarioError(f"ranks[*].mem_cap sum to {sum(caps)}, below global_batch={gb}")
     even_hi = -(-gb // n)
@@ -295,7 +351,7 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
     ar1 = _num(nd, "ar1", "noise.", 0.0, lo=0.0)
     if ar1 >= 1.0:
         raise ScenarioError(f"noise.ar1 must be in [0, 1), got {ar1}")
-    noise = NoiseSpec(dist, _num(nd, "cv", "noise.", 0.0, lo=0.0), ar1)
+    noise = NoiseSpec(dist, _num(nd, "cv", "noise.", 0.0, lo=0.0, hi=LIMITS["cv"]), ar1)
     raw_events = d.get("events", [])
     if not isinstance(raw_events, list):
         raise ScenarioError("events must be a list")
@@ -319,7 +375,12 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
         if end <= start:
             raise ScenarioError(f"{where}end ({end}) must be greater than start ({start})")
         events.append(
-            EventSpec(tuple(er), start, end, _num(e, "factor", where, lo=0.0, lo_open=True))
+            EventSpec(
+                tuple(er),
+                start,
+                end,
+                _num(e, "factor", where, lo=1.0 / LIMITS["factor"], hi=LIMITS["factor"]),
+            )
         )
     nm = d.get("name", name or "custom")
     return Scenario(gb, steps, tuple(ranks), window, comm, noise, tuple(events), min_size, str(nm))
@@ -344,11 +405,30 @@ def load_scenario(spec: str) -> Scenario:
     path = Path(spec)
     if not path.is_file():
         raise ScenarioError(f"scenario {spec!r} is neither a preset ({sorted(PRESETS)}) nor a file")
-    text = path.read_text()
-    if path.suffix.lower() in {".yaml", ".yml"}:
-        import yaml
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ScenarioError(
+            f"{spec}: {size:,} bytes; a scenario file is at most {MAX_FILE_BYTES:,}"
+        )
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{spec}: not a UTF-8 text file ({e.reason} at byte {e.start})") from e
+    try:
+        if path.suffix.lower() in {".yaml", ".yml"}:
+            import yaml
 
-        data = yaml.safe_load(text)
-    else:
-        data = json.loads(text)
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise ScenarioError(f"{spec}: invalid YAML: {' '.join(str(e).split())}") from e
+        else:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ScenarioError(
+                    f"{spec}: invalid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+                ) from e
+    except RecursionError as e:
+        raise ScenarioError(f"{spec}: nested too deeply to be a scenario") from e
     return scenario_from_dict(data, name=path.stem)
