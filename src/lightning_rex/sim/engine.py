@@ -15,7 +15,6 @@ that sets the limit) runs on the same noise.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import time
@@ -33,10 +32,12 @@ from lightning_rex.driver.loop import LoopConfig, WindowDriver
 from lightning_rex.driver.protocols import Decider, LocalCollectives, ScheduleTarget
 from lightning_rex.sim.policies import OraclePolicy, Policy, PolicyInfo, RexPolicy, make_policy
 from lightning_rex.sim.scenario import Scenario
+from lightning_rex.sim.times import ScenarioTimes
 
 __all__ = ["LoopRun", "SimResult", "Trace", "metrics", "run", "run_loop", "simulate"]
 
 StepTimes = Callable[[int, np.ndarray], np.ndarray]
+StepHook = Callable[[int, np.ndarray, Plan], "Plan | None"]
 
 
 @dataclass
@@ -52,6 +53,9 @@ class Trace:
         rollbacks: Rollbacks among the decisions.
         final_plan: The plan in force at the end.
         records: The driver's window records, as training writes them.
+        profile_s: Simulated seconds of the profiling steps the policy asked for before
+            training (included in ``total_time_s``).
+        shape_change_s_total: Seconds charged for new micro-batch shapes, summed over ranks.
     """
 
     policy: str
@@ -62,6 +66,8 @@ class Trace:
     rollbacks: int
     final_plan: Plan
     records: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    profile_s: float = 0.0
+    shape_change_s_total: float = 0.0
 
 
 @dataclass
@@ -83,6 +89,8 @@ class SimResult:
             chunk, or None if the last chunk is not.
         rescales: Plan changes the policy made (0 for even and oracle).
         plan_changes: Steps on which any rank's micro-batch size changed.
+        shape_change_s_total: Seconds charged for new micro-batch shapes, over all ranks.
+        profile_s: Seconds of profiling steps before training (in the throughput).
         rollbacks: Rollbacks among them.
         false_rescales: Plan changes made when the plan before was already within 2% of the
             oracle's noise-free step time for the curves in force at that step (events
@@ -105,6 +113,8 @@ class SimResult:
     time_to_90pct_windows: int | None
     rescales: int
     plan_changes: int
+    shape_change_s_total: float
+    profile_s: float
     rollbacks: int
     false_rescales: int
     detection_delay_windows: list[int | None]
@@ -214,6 +224,8 @@ def run_loop(
     *,
     min_size: int = 1,
     comm: float = 0.0,
+    initial_plan: Plan | None = None,
+    on_step: StepHook | None = None,
 ) -> LoopRun:
     """Drive the window loop through ``steps`` steps on per-rank times from a function.
 
@@ -230,11 +242,16 @@ def run_loop(
         loop: The window loop's settings.
         min_size: The smallest micro-batch.
         comm: Seconds added to every synchronous step.
+        initial_plan: The plan at step 0; default the even plan.
+        on_step: Called after every step with ``(step, times, plan)``; a plan it returns
+            applies from the next step, with no lag (a per-step rule that runs between
+            steps on every rank, such as LBB's).
 
     Returns:
         The run.
     """
-    schedule = PlanSchedule(even_plan(global_batch, world_size), global_batch, SizeBounds(min_size))
+    first = initial_plan or even_plan(global_batch, world_size)
+    schedule = PlanSchedule(first, global_batch, SizeBounds(min_size))
     target = ScheduleTarget(schedule)
     timed = _Timed(decider)
     clock = [0.0]
@@ -257,56 +274,12 @@ def run_loop(
         out[step] = float(t.max()) + comm
         clock[0] += out[step]
         driver.record(step, t)
+        if on_step is not None and step + 1 < steps:
+            new = on_step(step, t, plan)
+            if new is not None and tuple(new) != plan:
+                schedule.set(tuple(int(b) for b in new), step + 1)
     driver.finish()
     return LoopRun(out, schedule.entries, driver.records, timed.ms)
-
-
-def _noise(
-    rng: np.random.Generator, state: np.ndarray, k: int, cv: float, rho: float
-) -> np.ndarray:
-    """Advance the per-rank AR(1) log-noise ``k`` steps; returns factors, updates ``state``."""
-    sigma = float(np.sqrt(np.log1p(cv * cv)))
-    e = rng.standard_normal((state.size, k)) * sigma * np.sqrt(1.0 - rho * rho)
-    out = np.empty((state.size, k))
-    x = state
-    for j in range(k):
-        x = rho * x + e[:, j]
-        out[:, j] = x
-    state[:] = x
-    return np.exp(out - 0.5 * sigma * sigma)
-
-
-class _ScenarioTimes:
-    """A scenario's noisy per-rank step times, drawn ``window`` steps at a time in order."""
-
-    def __init__(self, s: Scenario, seed: int) -> None:
-        self.s = s
-        self.rng = np.random.default_rng(int(seed))
-        sigma = float(np.sqrt(np.log1p(s.noise.cv**2)))
-        self.state = self.rng.standard_normal(s.world_size) * sigma
-        self.rate = np.array([r.rate for r in s.ranks])
-        self.over = np.array([r.overhead_s for r in s.ranks])
-        self.knee = np.array([r.knee for r in s.ranks])
-        self.chunk_start = -1
-        self.noise = np.ones((s.world_size, 1))
-        self.factors: dict[int, np.ndarray] = {}
-        self.bounds = sorted({e.start for e in s.events} | {e.end for e in s.events})
-
-    def _factors(self, step: int) -> np.ndarray:
-        # events change factors only at their boundaries: cache per boundary interval
-        key = bisect.bisect_right(self.bounds, step)
-        if key not in self.factors:
-            self.factors[key] = self.s.factors(step)
-        return self.factors[key]
-
-    def __call__(self, step: int, plan: np.ndarray) -> np.ndarray:
-        w = self.s.window
-        if step // w != self.chunk_start:
-            self.chunk_start = step // w
-            k = min(w, self.s.steps - self.chunk_start * w)
-            self.noise = _noise(self.rng, self.state, k, self.s.noise.cv, self.s.noise.ar1)
-        base = (self.over + np.maximum(plan, self.knee) / self.rate) * self._factors(step)
-        return base * self.noise[:, step % w]
 
 
 def default_loop(scenario: Scenario) -> LoopConfig:
@@ -344,11 +317,24 @@ def simulate(
     s = scenario
     n = s.world_size
     plan = even_plan(s.global_batch, n)
-    info = PolicyInfo(s.global_batch, n, s.window, s.min_size, tuple(s.max_sizes), plan, int(seed))
+    info = PolicyInfo(
+        s.global_batch,
+        n,
+        s.window,
+        s.min_size,
+        tuple(s.max_sizes),
+        plan,
+        int(seed),
+        s.epoch_steps,
+        s.devices,
+    )
     policy.reset(info)
-    times = _ScenarioTimes(s, seed)
     if isinstance(policy, OraclePolicy):
+        times = ScenarioTimes(s, seed, policy.plan_at(0))
         return _oracle(s, policy, times)
+    times = ScenarioTimes(s, seed, plan)
+    profile_s, first = _profile(policy, times)
+    on_step = getattr(policy, "observe_step", None)
     res = run_loop(
         s.global_batch,
         n,
@@ -358,27 +344,53 @@ def simulate(
         loop or default_loop(s),
         min_size=s.min_size,
         comm=s.comm,
+        initial_plan=first,
+        on_step=on_step,
     )
     changes = [(st, p, prev) for (_, prev), (st, p) in itertools.pairwise(res.schedule)]
     return Trace(
         policy.name,
         _chunks(res.step_s, s.window),
-        float(res.step_s.sum()),
+        float(res.step_s.sum()) + profile_s,
         changes,
         res.decision_ms,
-        sum(r["decision"] == "rollback" for r in res.records),
+        sum(r["decision"] == "rollback" for r in res.records) + getattr(policy, "rollbacks", 0),
         res.schedule[-1][1],
         res.records,
+        profile_s,
+        times.shape_change_s_total,
     )
 
 
-def _oracle(s: Scenario, oracle: OraclePolicy, times: _ScenarioTimes) -> Trace:
+def _profile(policy: Policy, times: ScenarioTimes) -> tuple[float, Plan | None]:
+    """Run the profiling steps a policy asks for; returns their seconds and its first plan."""
+    ask = getattr(policy, "profiling_plan", None)
+    if ask is None:
+        return 0.0, None
+    sizes = np.asarray(ask(), dtype=np.int64).reshape(-1, times.s.world_size)
+    measured = times.profile(sizes)
+    first = policy.observe_profile(sizes, measured)  # type: ignore[attr-defined]
+    # profiling runs each rank on its own (no all-reduce): a step lasts its slowest rank
+    seconds = float(measured.max(axis=1).sum()) if len(measured) else 0.0
+    return seconds, None if first is None else tuple(int(b) for b in first)
+
+
+def _oracle(s: Scenario, oracle: OraclePolicy, times: ScenarioTimes) -> Trace:
     """The oracle switches at every event boundary, with no loop, lag or measurement."""
     out = np.empty(s.steps)
     for step in range(s.steps):
         out[step] = float(times(step, np.asarray(oracle.plan_at(step))).max()) + s.comm
     final = oracle.plan_at(s.steps - 1)
-    return Trace(oracle.name, _chunks(out, s.window), float(out.sum()), [], [], 0, tuple(final))
+    return Trace(
+        oracle.name,
+        _chunks(out, s.window),
+        float(out.sum()),
+        [],
+        [],
+        0,
+        tuple(final),
+        shape_change_s_total=times.shape_change_s_total,
+    )
 
 
 def _chunks(step_s: np.ndarray, window: int) -> list[float]:
@@ -447,6 +459,8 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
         time_to_90pct_windows=t90,
         rescales=0 if no_rescale else len(trace.changes),
         plan_changes=sum(1 for _, new, before in trace.changes if tuple(new) != tuple(before)),
+        shape_change_s_total=trace.shape_change_s_total,
+        profile_s=trace.profile_s,
         rollbacks=trace.rollbacks,
         false_rescales=0 if no_rescale else int(false),
         detection_delay_windows=[None] * len(s.events) if no_rescale else delays,

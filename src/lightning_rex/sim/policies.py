@@ -30,7 +30,7 @@ import numpy as np
 
 from lightning_rex.core.controller import Controller, Decision
 from lightning_rex.core.plan import Plan, round_fractions
-from lightning_rex.core.planner import affine_plan, resolve_bounds, water_fill
+from lightning_rex.core.planner import affine_plan, resolve_bounds, size_horizon, water_fill
 from lightning_rex.core.window import Window
 from lightning_rex.sim.scenario import Scenario
 
@@ -58,6 +58,8 @@ class PolicyInfo:
         max_sizes: Per-rank memory caps (None for none).
         initial_plan: The plan in force at step 0 (the even split).
         seed: The run's seed.
+        epoch_steps: Steps per epoch (for policies that act once an epoch).
+        devices: Per-rank hardware labels (None where unlabelled).
     """
 
     global_batch: int
@@ -67,6 +69,8 @@ class PolicyInfo:
     max_sizes: tuple[int | None, ...]
     initial_plan: Plan
     seed: int
+    epoch_steps: int = 300
+    devices: tuple[str | None, ...] = ()
 
 
 class Policy(Protocol):
@@ -254,11 +258,21 @@ class OraclePolicy:
         key = tuple(float(x) for x in f)
         if key not in self._cache:
             lo, hi = _bounds(self.info)
-            sizes = np.arange(1, int(hi.max()) + 1)
-            curves = np.stack(
-                [self.scenario.compute_times(np.full(len(f), b), step) for b in sizes], 1
+            n = len(f)
+
+            def times_at(sizes: np.ndarray) -> np.ndarray:
+                return np.stack(
+                    [self.scenario.compute_times(np.full(n, b), step) for b in sizes], 1
+                )
+
+            # no rank needs a size slower than the even plan's slowest rank: tabulate the
+            # sizes that matter, not every size up to the global batch
+            even = self.scenario.compute_times(np.asarray(self.info.initial_plan), step).max()
+            g = size_horizon(
+                times_at, float(even), lo, hi, self.info.initial_plan, self.info.global_batch
             )
-            self._cache[key] = water_fill(curves, self.info.global_batch, lo, hi)
+            curves = times_at(np.arange(1, g + 1))
+            self._cache[key] = water_fill(curves, self.info.global_batch, lo, np.minimum(hi, g))
         return self._cache[key]
 
     def observe(self, window: Window) -> Plan | None:

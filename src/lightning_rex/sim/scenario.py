@@ -7,22 +7,46 @@ A scenario is a JSON or YAML mapping::
      "noise": {"dist": "lognormal", "cv": 0.15, "ar1": 0.5},
      "events": [{"ranks": [2], "start": 1000, "end": 3000, "factor": 1.6}]}
 
-Rank ``r``'s noise-free compute time for micro-batch ``b`` is
-``overhead_s + max(b, knee) / rate`` (rate in samples/s), and ``b`` may not exceed
-``mem_cap``. ``comm`` seconds are added to every synchronous step. ``noise`` multiplies each
-rank's time by a mean-one lognormal factor whose log follows an AR(1) process per rank.
-``events`` multiply the listed ranks' time by ``factor`` for steps in ``[start, end)``
-(overlapping events multiply). ``window`` is the number of steps per observation window.
+Rank ``r``'s noise-free compute time for micro-batch ``b`` is one of (see
+:mod:`lightning_rex.sim.curves`):
+
+* affine: ``overhead_s + max(b, knee) / rate`` (rate in samples/s); with ``"tile": T``,
+  ``overhead_s + ceil(max(b, knee) / T) * T / rate`` (a quantisation staircase);
+* measured: ``"curve": [[b, seconds], ...]`` instead of ``rate``/``overhead_s``/``knee``/
+  ``tile`` (at least 2 points, ``b`` strictly increasing, times > 0): monotone PCHIP between
+  the points, flat below the first, linear from the last two above the last;
+
+times, with ``"wall": {"start": 0.8, "factor": 2.0}`` (needs ``mem_cap``), a memory wall
+that multiplies the time by ``1 + (factor - 1) * ((b / mem_cap - start) / (1 - start))**2``
+above ``start * mem_cap``. ``b`` may not exceed ``mem_cap``. ``"device": "name"`` labels the
+ranks that share hardware. ``comm`` seconds are added to every synchronous step.
+
+``noise`` multiplies each rank's time by a mean-one lognormal factor of coefficient of
+variation ``cv`` whose log follows an AR(1) process per rank (``ar1``), or, with
+``"components": [{"share": s, "ar1": a}, ...]`` instead of ``ar1``, a sum of independent
+AR(1) processes carrying ``share`` of the log-variance each (shares sum to 1); with
+``"spikes": {"prob": p, "factor": f}`` every rank, every step, independently takes ``f``
+times its time with probability ``p`` (see :mod:`lightning_rex.sim.noise`). ``events``
+multiply the listed ranks' time by ``factor`` for steps in ``[start, end)`` (overlapping
+events multiply). ``window`` is the number of steps per observation window.
+
+Costs every policy pays: ``shape_change_s`` seconds are added to a rank's step when its
+micro-batch size is not one of the last ``shape_cache`` (default 8) distinct sizes it ran
+(cuDNN autotuning, ``torch.compile`` recompiles, CUDA-graph capture); default 0. The sizes of
+the initial plan are warm. ``epoch_steps`` (default 300) is an epoch's length in steps, for
+policies that act once per epoch.
+
 Optional keys: ``name``, ``min_size`` (default 1). Unknown keys, negative rates, an empty rank
 list or events outside the run raise :class:`ScenarioError` naming the field.
 
 Limits, so that a run's time and memory stay bounded (each is checked with a clear error):
 at most :data:`MAX_RANKS` ranks, :data:`MAX_STEPS` steps and :data:`MAX_RANK_STEPS` ranks x
-steps; ``global_batch`` at most :data:`MAX_GLOBAL_BATCH`; ranks x the largest micro-batch a
-rank may get (its ``mem_cap``, or ``global_batch``) at most :data:`MAX_GRID` (the planners
-tabulate every rank's curve over those sizes); every time, rate and factor in a range where
-step times stay finite (see :data:`LIMITS`). A file larger than :data:`MAX_FILE_BYTES`, one
-that is not UTF-8, or malformed JSON/YAML is a :class:`ScenarioError` too.
+steps; ``global_batch`` at most :data:`MAX_GLOBAL_BATCH`; every time, rate and factor in a
+range where step times stay finite (see :data:`LIMITS`). Memory grows with ranks x the sizes
+that matter (the planners tabulate each rank's curve only up to the largest size a rank
+could take without being slower than the even plan), not with ranks x ``global_batch``. A
+file larger than :data:`MAX_FILE_BYTES`, one that is not UTF-8, or malformed JSON/YAML is a
+:class:`ScenarioError` too.
 """
 
 from __future__ import annotations
@@ -31,16 +55,19 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lightning_rex.sim.curves import TableCurve, affine_times, memory_wall_factor
+from lightning_rex.sim.noise import NoiseComponent, NoiseProcess, Spikes
+
 __all__ = [
     "LIMITS",
     "MAX_FILE_BYTES",
     "MAX_GLOBAL_BATCH",
-    "MAX_GRID",
     "MAX_RANKS",
     "MAX_RANK_STEPS",
     "MAX_STEPS",
@@ -63,8 +90,6 @@ MAX_RANK_STEPS = 20_000_000
 """The most ranks x steps (about two and a half minutes of this machine's CPU)."""
 MAX_GLOBAL_BATCH = 1 << 24
 """The largest global batch."""
-MAX_GRID = 1 << 24
-"""The most ranks x largest micro-batch (cells of the planners' per-rank curve tables)."""
 MAX_FILE_BYTES = 10 << 20
 """The largest scenario file read."""
 LIMITS: dict[str, float] = {
@@ -91,12 +116,20 @@ class RankSpec:
         overhead_s: Fixed seconds per step (>= 0).
         knee: Below this micro-batch the GPU is under-filled and time stays flat (>= 0).
         mem_cap: The largest micro-batch that fits in memory, or None.
+        tile: The quantisation tile of the affine form, or None.
+        curve: Measured ``(b, seconds)`` points replacing the affine form, or None.
+        wall: The memory wall's ``(start, factor)``, or None.
+        device: The hardware label (ranks with the same label share a device type), or None.
     """
 
-    rate: float
+    rate: float = 1.0
     overhead_s: float = 0.0
     knee: int = 0
     mem_cap: int | None = None
+    tile: int | None = None
+    curve: tuple[tuple[float, float], ...] | None = None
+    wall: tuple[float, float] | None = None
+    device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,12 +139,29 @@ class NoiseSpec:
     Attributes:
         dist: Only ``"lognormal"``.
         cv: Coefficient of variation of the factor (>= 0).
-        ar1: Lag-1 autocorrelation of the log factor, in ``[0, 1)``.
+        ar1: Lag-1 autocorrelation of the log factor, in ``[0, 1)`` (one component).
+        components: AR(1) components of the log factor instead of ``ar1``, or None.
+        spikes: Independent per-rank, per-step spikes, or None.
     """
 
     dist: str = "lognormal"
     cv: float = 0.0
     ar1: float = 0.0
+    components: tuple[NoiseComponent, ...] | None = None
+    spikes: Spikes | None = None
+
+    def process(self, n_ranks: int, rng: np.random.Generator) -> NoiseProcess:
+        """The noise process of ``n_ranks`` ranks drawing from ``rng``.
+
+        Args:
+            n_ranks: The number of ranks.
+            rng: The generator.
+
+        Returns:
+            The process (one AR(1) component ``ar1`` unless ``components`` are given).
+        """
+        comps = self.components or (NoiseComponent(1.0, self.ar1),)
+        return NoiseProcess(n_ranks, self.cv, comps, self.spikes, rng)
 
 
 @dataclass(frozen=True)
@@ -131,6 +181,40 @@ class EventSpec:
     factor: float
 
 
+class _Curves:
+    """Every rank's noise-free curve, vectorised: affine ranks at once, tables by group."""
+
+    def __init__(self, ranks: tuple[RankSpec, ...]) -> None:
+        self.rate = np.array([r.rate for r in ranks])
+        self.over = np.array([r.overhead_s for r in ranks])
+        self.knee = np.array([r.knee for r in ranks])
+        tiles = np.array([r.tile or 0 for r in ranks])
+        self.tile = tiles if tiles.any() else None
+        groups: dict[tuple[tuple[float, float], ...], list[int]] = {}
+        for i, r in enumerate(ranks):
+            if r.curve is not None:
+                groups.setdefault(r.curve, []).append(i)
+        self.tables = [(TableCurve(pts), np.array(ix)) for pts, ix in groups.items()]
+        walled = [i for i, r in enumerate(ranks) if r.wall is not None]
+        self.walled = np.array(walled, dtype=int)
+        self.wall_cap = np.array([ranks[i].mem_cap for i in walled], dtype=float)
+        self.wall_start = np.array([ranks[i].wall[0] for i in walled])  # type: ignore[index]
+        self.wall_factor = np.array([ranks[i].wall[1] for i in walled])  # type: ignore[index]
+
+    def __call__(self, plan: np.ndarray) -> np.ndarray:
+        t = affine_times(plan, overhead_s=self.over, rate=self.rate, knee=self.knee, tile=self.tile)
+        for curve, ix in self.tables:
+            t[ix] = curve(plan[ix])
+        if self.walled.size:
+            t[self.walled] *= memory_wall_factor(
+                plan[self.walled],
+                mem_cap=self.wall_cap,
+                start=self.wall_start,
+                factor=self.wall_factor,
+            )
+        return t
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A validated scenario (see the module docstring for the meaning of each field)."""
@@ -144,6 +228,9 @@ class Scenario:
     events: tuple[EventSpec, ...] = ()
     min_size: int = 1
     name: str = "custom"
+    shape_change_s: float = 0.0
+    shape_cache: int = 8
+    epoch_steps: int = 300
 
     @property
     def world_size(self) -> int:
@@ -165,10 +252,27 @@ class Scenario:
         Returns:
             Shape ``(N,)``.
         """
-        rate = np.array([r.rate for r in self.ranks])
-        over = np.array([r.overhead_s for r in self.ranks])
-        knee = np.array([r.knee for r in self.ranks])
-        return (over + np.maximum(plan, knee) / rate) * self.factors(step)
+        return self.base_times(plan) * self.factors(step)
+
+    def base_times(self, plan: np.ndarray) -> np.ndarray:
+        """Noise-free, event-free compute times of every rank under ``plan``, seconds.
+
+        Args:
+            plan: Per-rank sizes, shape ``(N,)``.
+
+        Returns:
+            Shape ``(N,)``.
+        """
+        return self._curves(np.asarray(plan))
+
+    @cached_property
+    def _curves(self) -> _Curves:
+        return _Curves(self.ranks)
+
+    @property
+    def devices(self) -> tuple[str | None, ...]:
+        """Per-rank hardware labels."""
+        return tuple(r.device for r in self.ranks)
 
     def factors(self, step: int) -> np.ndarray:
         """The product of active event factors per rank at ``step``, shape ``(N,)``."""
@@ -187,7 +291,7 @@ class Scenario:
 
         Args:
             cv: New coefficient of variation.
-            ar1: New AR(1) coefficient.
+            ar1: New AR(1) coefficient (replaces any noise components).
 
         Returns:
             The validated copy.
@@ -195,8 +299,22 @@ class Scenario:
         d = to_dict(self)
         if cv is not None:
             d["noise"]["cv"] = cv
-        if ar1 is not None:
+        if ar1 is not None:  # one AR(1) process in place of any components
+            d["noise"].pop("components", None)
             d["noise"]["ar1"] = ar1
+        return scenario_from_dict(d)
+
+    def with_shape_change(self, seconds: float) -> Scenario:
+        """A copy that charges ``seconds`` for a new micro-batch shape.
+
+        Args:
+            seconds: The new ``shape_change_s`` (>= 0).
+
+        Returns:
+            The validated copy.
+        """
+        d = to_dict(self)
+        d["shape_change_s"] = seconds
         return scenario_from_dict(d)
 
     def with_steps(self, steps: int) -> Scenario:
@@ -213,6 +331,32 @@ class Scenario:
         return scenario_from_dict(d)
 
 
+def _rank_dict(r: RankSpec) -> dict[str, Any]:
+    d: dict[str, Any]
+    if r.curve is not None:
+        d = {"curve": [list(p) for p in r.curve], "mem_cap": r.mem_cap}
+    else:
+        d = {"rate": r.rate, "overhead_s": r.overhead_s, "knee": r.knee, "mem_cap": r.mem_cap}
+        if r.tile is not None:
+            d["tile"] = r.tile
+    if r.wall is not None:
+        d["wall"] = {"start": r.wall[0], "factor": r.wall[1]}
+    if r.device is not None:
+        d["device"] = r.device
+    return d
+
+
+def _noise_dict(n: NoiseSpec) -> dict[str, Any]:
+    d: dict[str, Any] = {"dist": n.dist, "cv": n.cv}
+    if n.components is not None:
+        d["components"] = [{"share": c.share, "ar1": c.ar1} for c in n.components]
+    else:
+        d["ar1"] = n.ar1
+    if n.spikes is not None:
+        d["spikes"] = {"prob": n.spikes.prob, "factor": n.spikes.factor}
+    return d
+
+
 def to_dict(s: Scenario) -> dict[str, Any]:
     """The JSON-able mapping of a scenario (inverse of :func:`scenario_from_dict`)."""
     return {
@@ -222,11 +366,11 @@ def to_dict(s: Scenario) -> dict[str, Any]:
         "window": s.window,
         "comm": s.comm,
         "min_size": s.min_size,
-        "ranks": [
-            {"rate": r.rate, "overhead_s": r.overhead_s, "knee": r.knee, "mem_cap": r.mem_cap}
-            for r in s.ranks
-        ],
-        "noise": {"dist": s.noise.dist, "cv": s.noise.cv, "ar1": s.noise.ar1},
+        "shape_change_s": s.shape_change_s,
+        "shape_cache": s.shape_cache,
+        "epoch_steps": s.epoch_steps,
+        "ranks": [_rank_dict(r) for r in s.ranks],
+        "noise": _noise_dict(s.noise),
         "events": [
             {"ranks": list(e.ranks), "start": e.start, "end": e.end, "factor": e.factor}
             for e in s.events
@@ -234,9 +378,26 @@ def to_dict(s: Scenario) -> dict[str, Any]:
     }
 
 
-_TOP = {"name", "global_batch", "steps", "window", "comm", "ranks", "noise", "events", "min_size"}
-_RANK = {"rate", "overhead_s", "knee", "mem_cap"}
-_NOISE = {"dist", "cv", "ar1"}
+_TOP = {
+    "name",
+    "global_batch",
+    "steps",
+    "window",
+    "comm",
+    "ranks",
+    "noise",
+    "events",
+    "min_size",
+    "shape_change_s",
+    "shape_cache",
+    "epoch_steps",
+}
+_RANK = {"rate", "overhead_s", "knee", "mem_cap", "tile", "curve", "wall", "device"}
+_AFFINE = {"rate", "overhead_s", "knee", "tile"}
+_WALL = {"start", "factor"}
+_NOISE = {"dist", "cv", "ar1", "components", "spikes"}
+_COMPONENT = {"share", "ar1"}
+_SPIKES = {"prob", "factor"}
 _EVENT = {"ranks", "start", "end", "factor"}
 
 
@@ -280,6 +441,84 @@ def _num(
     return int(v) if integer else float(v)
 
 
+def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
+    wall = None
+    if "wall" in r:
+        w = _check_keys(r["wall"], _WALL, f"{where}wall")
+        if cap is None:
+            raise ScenarioError(f"{where}wall needs {where}mem_cap: the wall rises towards it")
+        start = _num(w, "start", f"{where}wall.", 0.8, lo=0.0, lo_open=True)
+        if start >= 1.0:
+            raise ScenarioError(f"{where}wall.start must be < 1, got {start}")
+        wall = (start, _num(w, "factor", f"{where}wall.", 2.0, lo=1.0, hi=LIMITS["factor"]))
+    device = r.get("device")
+    if device is not None and (not isinstance(device, str) or not device):
+        raise ScenarioError(f"{where}device must be a non-empty string, got {device!r}")
+    if "curve" in r:
+        both = sorted(_AFFINE & set(r))
+        if both:
+            raise ScenarioError(f"{where}curve replaces {where}{both[0]}: give one or the other")
+        pts = r["curve"]
+        if not isinstance(pts, list) or len(pts) > 4096:
+            raise ScenarioError(f"{where}curve must be a list of at most 4096 [b, seconds] points")
+        try:
+            table = TableCurve(pts)
+        except ValueError as e:
+            raise ScenarioError(f"{where}curve: {e}") from e
+        if max(t for _, t in table.points) > LIMITS["overhead_s"]:
+            raise ScenarioError(f"{where}curve: times must be <= {LIMITS['overhead_s']:g} s")
+        return RankSpec(mem_cap=cap, curve=table.points, wall=wall, device=device)
+    tile = None
+    if "tile" in r:
+        tile = _num(r, "tile", where, lo=1, hi=MAX_GLOBAL_BATCH, integer=True)
+    return RankSpec(
+        rate=_num(r, "rate", where, lo=1.0 / LIMITS["rate"], hi=LIMITS["rate"]),
+        overhead_s=_num(r, "overhead_s", where, 0.0, lo=0.0, hi=LIMITS["overhead_s"]),
+        knee=_num(r, "knee", where, 0, lo=0, hi=MAX_GLOBAL_BATCH, integer=True),
+        mem_cap=cap,
+        tile=tile,
+        wall=wall,
+        device=device,
+    )
+
+
+def _noise(d: Mapping[str, Any]) -> NoiseSpec:
+    nd = _check_keys(d, _NOISE, "noise")
+    dist = nd.get("dist", "lognormal")
+    if dist != "lognormal":
+        raise ScenarioError(f"noise.dist must be 'lognormal', got {dist!r}")
+    cv = _num(nd, "cv", "noise.", 0.0, lo=0.0, hi=LIMITS["cv"])
+    ar1 = _num(nd, "ar1", "noise.", 0.0, lo=0.0)
+    if ar1 >= 1.0:
+        raise ScenarioError(f"noise.ar1 must be in [0, 1), got {ar1}")
+    comps = None
+    if "components" in nd:
+        if "ar1" in nd:
+            raise ScenarioError("noise.components replaces noise.ar1: give one or the other")
+        raw = nd["components"]
+        if not isinstance(raw, list) or not 1 <= len(raw) <= 16:
+            raise ScenarioError("noise.components must be a list of 1 to 16 components")
+        comps = []
+        for i, c in enumerate(raw):
+            where = f"noise.components[{i}]."
+            c = _check_keys(c, _COMPONENT, f"noise.components[{i}]")
+            share = _num(c, "share", where, lo=0.0, lo_open=True, hi=1.0)
+            a = _num(c, "ar1", where, lo=0.0)
+            if a >= 1.0:
+                raise ScenarioError(f"{where}ar1 must be in [0, 1), got {a}")
+            comps.append(NoiseComponent(share, a))
+        total = math.fsum(c.share for c in comps)
+        if abs(total - 1.0) > 1e-9:
+            raise ScenarioError(f"noise.components shares must sum to 1, got {total:.12g}")
+    spikes = None
+    if "spikes" in nd:
+        sd = _check_keys(nd["spikes"], _SPIKES, "noise.spikes")
+        prob = _num(sd, "prob", "noise.spikes.", lo=0.0, hi=1.0)
+        factor = _num(sd, "factor", "noise.spikes.", lo=1.0 / LIMITS["factor"], hi=LIMITS["factor"])
+        spikes = Spikes(prob, factor)
+    return NoiseSpec(dist, cv, ar1, None if comps is None else tuple(comps), spikes)
+
+
 def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenario:
     """Validate a mapping and build a :class:`Scenario`.
 
@@ -319,23 +558,11 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
         cap = r.get("mem_cap")
         if cap is not None:
             cap = _num(r, "mem_cap", where, lo=min_size, hi=MAX_GLOBAL_BATCH, integer=True)
-        ranks.append(
-            RankSpec(
-                rate=_num(r, "rate", where, lo=1.0 / LIMITS["rate"], hi=LIMITS["rate"]),
-                overhead_s=_num(r, "overhead_s", where, 0.0, lo=0.0, hi=LIMITS["overhead_s"]),
-                knee=_num(r, "knee", where, 0, lo=0, hi=MAX_GLOBAL_BATCH, integer=True),
-                mem_cap=cap,
-            )
-        )
+        ranks.append(_rank(r, where, cap))
     n = len(ranks)
     if gb < n * min_size:
         raise ScenarioError(f"global_batch={gb} cannot give {n} ranks min_size={min_size}")
     caps = [min(r.mem_cap, gb) if r.mem_cap is not None else gb for r in ranks]
-    if n * max(caps) > MAX_GRID:
-        raise ScenarioError(
-            f"{n} ranks x a largest micro-batch of {max(caps)} exceeds the limit of "
-            f"{MAX_GRID:,} curve cells; set ranks[*].mem_cap, or use a smaller global_batch"
-        )
     if sum(caps) < gb:
         raise ScenarioError(f"ranks[*].mem_cap sum to {sum(caps)}, below global_batch={gb}")
     even_hi = -(-gb // n)
@@ -344,14 +571,10 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
         raise ScenarioError(
             f"ranks[{small[0]}].mem_cap={caps[small[0]]} is below the even split {even_hi}"
         )
-    nd = _check_keys(d.get("noise", {}), _NOISE, "noise")
-    dist = nd.get("dist", "lognormal")
-    if dist != "lognormal":
-        raise ScenarioError(f"noise.dist must be 'lognormal', got {dist!r}")
-    ar1 = _num(nd, "ar1", "noise.", 0.0, lo=0.0)
-    if ar1 >= 1.0:
-        raise ScenarioError(f"noise.ar1 must be in [0, 1), got {ar1}")
-    noise = NoiseSpec(dist, _num(nd, "cv", "noise.", 0.0, lo=0.0, hi=LIMITS["cv"]), ar1)
+    noise = _noise(d.get("noise", {}))
+    shape_change_s = _num(d, "shape_change_s", "", 0.0, lo=0.0, hi=LIMITS["overhead_s"])
+    shape_cache = _num(d, "shape_cache", "", 8, lo=1, hi=4096, integer=True)
+    epoch_steps = _num(d, "epoch_steps", "", 300, lo=1, hi=MAX_STEPS, integer=True)
     raw_events = d.get("events", [])
     if not isinstance(raw_events, list):
         raise ScenarioError("events must be a list")
@@ -383,7 +606,20 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
             )
         )
     nm = d.get("name", name or "custom")
-    return Scenario(gb, steps, tuple(ranks), window, comm, noise, tuple(events), min_size, str(nm))
+    return Scenario(
+        gb,
+        steps,
+        tuple(ranks),
+        window,
+        comm,
+        noise,
+        tuple(events),
+        min_size,
+        str(nm),
+        shape_change_s,
+        shape_cache,
+        epoch_steps,
+    )
 
 
 def load_scenario(spec: str) -> Scenario:
