@@ -5,7 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_rex.core.planner import exploration_kappa, resolve_bounds, water_fill
+from lightning_rex.core.planner import (
+    affine_plan,
+    exploration_kappa,
+    resolve_bounds,
+    size_horizon,
+    water_fill,
+)
 
 
 def brute_minimax(curves, total, lo, hi):
@@ -88,3 +94,36 @@ def test_affine_plan_equalises_known_affine_times() -> None:
         np.array([0.0, 0.01]), np.array([0.001, 0.001]), 64, np.array([1, 1]), np.array([63, 63])
     )
     assert plan[0] > plan[1] and sum(plan) == 64
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(100.0, 5000.0), min_size=2, max_size=8),
+    st.floats(0.0, 0.02),
+    st.integers(1, 40),
+)
+def test_tabulating_the_sizes_that_matter_gives_the_full_tables_plan(rates, over, per_rank):
+    n = len(rates)
+    total = n * per_rank
+    lo, hi = np.ones(n, dtype=np.int64), np.full(n, total, dtype=np.int64)
+    slopes = 1.0 / np.asarray(rates)
+    overs = np.full(n, over)
+    sizes = np.arange(1, total + 1)
+    full = water_fill(overs[:, None] + slopes[:, None] * sizes[None, :], total, lo, hi)
+    assert affine_plan(overs, slopes, total, lo, hi) == full
+
+
+def test_the_horizon_grows_with_the_sizes_in_play_not_with_the_global_batch():
+    n, total = 4096, 4096 * 64
+    rates = np.where(np.arange(n) % 2 == 0, 3000.0, 1000.0)
+
+    def times_at(sizes):
+        return 0.005 + np.asarray(sizes)[None, :] / rates[:, None]
+
+    lo, hi = np.ones(n, dtype=np.int64), np.full(n, total, dtype=np.int64)
+    level = float(times_at(np.array([64])).max())  # the even plan's slowest rank
+    g = size_horizon(times_at, level, lo, hi, [64] * n, total)
+    # the fast ranks can take up to ~3 x 64 samples at that level: probes stop at 256
+    assert g == 256 and g < total // 1000
+    # a level from a plan the bounds cannot hold is widened until they can
+    assert size_horizon(times_at, 0.0, lo, np.full(n, 100), (), 100 * n - 1) == 100

@@ -54,7 +54,12 @@ from scipy import stats
 
 from lightning_rex.core.model import RankTimeModel
 from lightning_rex.core.plan import Plan, even_plan, validate_plan
-from lightning_rex.core.planner import exploration_kappa, resolve_bounds, water_fill
+from lightning_rex.core.planner import (
+    exploration_kappa,
+    resolve_bounds,
+    size_horizon,
+    water_fill,
+)
 from lightning_rex.core.significance import (
     ImbalanceResult,
     effect_drop_z,
@@ -434,20 +439,32 @@ class Controller:
             self.model.fit_hyperparameters()
             if self.model.n_fits != fits:  # it ran (it skips data with one size per rank)
                 self._fitted_at = added
-        g = int(self._hi.max())
-        sizes = np.arange(1, g + 1)
-        mean, sd = self.model.predict_grid(sizes)
         kappa = exploration_kappa(self.explore, self.model.n_obs)
         rows = np.arange(self.world_size)
-        greedy = water_fill(mean, self.global_batch, self._lo, self._hi)
+        cur = np.asarray(self._plan)
+        # Tabulate only the sizes that matter: no plan worth proposing is slower, in the
+        # optimistic curves the planner uses, than the plan in force, and a rank whose
+        # optimistic time at a size exceeds that level never gets that size. So the grid
+        # grows with the sizes in play, not with B (4096 uncapped ranks stay in memory).
+        # (water_fill plans on running maxima; the mean's bounds the optimistic curve's)
+        mean, _ = self.model.predict_grid(np.arange(1, int(cur.max()) + 1))
+        level = float(np.maximum.accumulate(mean, axis=1)[rows, cur - 1].max())
+
+        def optimistic(sizes: np.ndarray) -> np.ndarray:
+            m, s = self.model.predict_grid(sizes)
+            return np.asarray(m - kappa * s)
+
+        g = size_horizon(optimistic, level, self._lo, self._hi, self._plan, self.global_batch)
+        hi = np.minimum(self._hi, g)
+        mean, sd = self.model.predict_grid(np.arange(1, g + 1))
+        greedy = water_fill(mean, self.global_batch, self._lo, hi)
         pred_greedy = float(mean[rows, np.asarray(greedy) - 1].max())
-        plan = water_fill(mean - kappa * sd, self.global_batch, self._lo, self._hi)
+        plan = water_fill(mean - kappa * sd, self.global_batch, self._lo, hi)
         pred_new = float(mean[rows, np.asarray(plan) - 1].max())
         # Optimism, not recklessness: explore only where the posterior mean of the exploring
         # plan stays within `explore_slack` of the best mean plan.
         if pred_new > pred_greedy * (1.0 + self.explore_slack):
             plan, pred_new = greedy, pred_greedy
-        cur = np.clip(np.asarray(self._plan), 1, g)
         pred_cur = float(mean[rows, cur - 1].max())
         return plan, pred_new, pred_cur
 

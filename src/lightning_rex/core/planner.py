@@ -12,13 +12,13 @@ Exploration uses a posterior quantile: the curves are ``mean - kappa * sd`` with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from lightning_rex.core.plan import Plan
 
-__all__ = ["affine_plan", "exploration_kappa", "resolve_bounds", "water_fill"]
+__all__ = ["affine_plan", "exploration_kappa", "resolve_bounds", "size_horizon", "water_fill"]
 
 
 def resolve_bounds(
@@ -66,6 +66,49 @@ def exploration_kappa(explore: float, n_windows: int) -> float:
         The number of posterior standard deviations subtracted from the mean.
     """
     return float(explore) / np.sqrt(n_windows) if n_windows > 0 else 0.0
+
+
+def size_horizon(
+    times_at: Callable[[np.ndarray], np.ndarray],
+    level: float,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    keep: Sequence[int] = (),
+    total: int = 0,
+) -> int:
+    """The largest size worth tabulating for plans no slower than ``level``.
+
+    A rank whose time at size ``s`` already exceeds ``level`` gets fewer than ``s`` samples in
+    any plan whose slowest rank takes at most ``level``, when its curve does not decrease
+    with size (:func:`water_fill` plans on the running maximum of a curve, which never
+    does). The curves are probed at doubling sizes 1, 2, 4, ... up to ``max(hi)``, so the
+    result is at most twice the largest size that matters, and a planner tabulates
+    ``N x horizon`` times instead of ``N x max(hi)``.
+
+    Args:
+        times_at: Every rank's time at the given sizes: ``(P,)`` sizes to ``(N, P)`` seconds.
+        level: The slowest rank's time in a plan already available (e.g. the even plan).
+        lo: Per-rank minimum sizes, shape ``(N,)``.
+        hi: Per-rank maximum sizes, shape ``(N,)``.
+        keep: Sizes the horizon must cover (e.g. the plan in force).
+        total: The global batch: the horizon doubles until the bounds it leaves can hold
+            it (a ``level`` from an infeasible plan could cut too short otherwise).
+
+    Returns:
+        The horizon, in ``[max(lo, keep), max(hi)]``.
+    """
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    top = int(hi.max())
+    probes = np.array(sorted({min(1 << k, top) for k in range(top.bit_length() + 1)}))
+    over = np.asarray(times_at(probes)) > level  # (N, P)
+    over &= probes[None, :] > lo[:, None]
+    first = np.where(over.any(axis=1), probes[np.argmax(over, axis=1)], top)
+    need = max(int(lo.max()), max((int(b) for b in keep), default=0))
+    g = int(min(max(int(np.minimum(first, hi).max()), need), top))
+    while g < top and int(np.minimum(hi, g).sum()) < total:
+        g = min(2 * g, top)
+    return g
 
 
 def water_fill(curves: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> Plan:
@@ -205,7 +248,18 @@ def affine_plan(
     Returns:
         The plan, as :func:`water_fill` finds it on those curves.
     """
-    sizes = np.arange(1, int(np.max(hi)) + 1)
     over = np.asarray(overheads, dtype=np.float64)
     slope = np.asarray(slopes, dtype=np.float64)
-    return water_fill(over[:, None] + slope[:, None] * sizes[None, :], total, lo, hi)
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+
+    def times_at(sizes: np.ndarray) -> np.ndarray:
+        return np.asarray(over[:, None] + slope[:, None] * np.asarray(sizes)[None, :])
+
+    # no rank needs a size slower than the slowest rank of a feasible plan: the even one
+    # clipped into the bounds (tabulate the sizes that matter, not every size up to B)
+    even = np.clip(np.full(lo.size, -(-total // lo.size)), lo, hi)
+    level = float((over + slope * even).max())
+    g = size_horizon(times_at, level, lo, hi, even.tolist(), total)
+    sizes = np.arange(1, g + 1)
+    return water_fill(times_at(sizes), total, lo, np.minimum(hi, g))
