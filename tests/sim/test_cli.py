@@ -33,6 +33,8 @@ def test_json_is_exactly_one_object_with_the_schema(capsys):
         "time_to_90pct_windows",
         "rescales",
         "plan_changes",
+        "shape_change_s_total",
+        "profile_s",
         "rollbacks",
         "false_rescales",
         "detection_delay_windows",
@@ -136,11 +138,6 @@ HOSTILE = {
         _json({"global_batch": 8192 * 8, "steps": 5000, "ranks": [_RANK] * 8192}),
         "8192 ranks x 5000 steps exceeds the limit of 20,000,000 rank-steps",
     ),
-    "a per-rank table too large": (
-        "s.json",
-        _json({"global_batch": 1 << 20, "steps": 100, "ranks": [_RANK] * 64}),
-        "64 ranks x a largest micro-batch of 1048576 exceeds the limit",
-    ),
 }
 
 
@@ -157,3 +154,12 @@ def test_hostile_input_is_a_clear_message_and_exit_2(case, capsys, tmp_path):
         else "simulate: "
     )
     assert message in err and "Traceback" not in err
+
+
+def test_a_comparison_reports_each_policy_against_rex(capsys):
+    argv = ["--scenario", "pair-3x", "--compare", "even,rex", "--seeds", "0-2", "--steps", "300"]
+    rc, out, _ = run_cli([*argv, "--json"], capsys)
+    d = json.loads(out)["policies"]
+    assert rc == 0 and d["rex"]["vs_rex"] == pytest.approx(1.0)
+    lo, hi = d["even"]["vs_rex_ci95"]
+    assert lo < d["even"]["vs_rex"] < hi < 1.0  # even is slower than rex on a 3x pair

@@ -26,8 +26,6 @@ import json
 import sys
 from typing import Any
 
-import numpy as np
-
 __all__ = ["add_parser", "main"]
 
 POLICIES = ("even", "static", "proportional", "rex", "oracle")
@@ -57,6 +55,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cv", type=float, default=None, help="override the noise CV")
     p.add_argument("--ar1", type=float, default=None, help="override the noise AR(1)")
     p.add_argument("--steps", type=int, default=None, help="override the run length")
+    p.add_argument(
+        "--shape-change-s",
+        type=float,
+        default=None,
+        help="override the seconds a new micro-batch shape costs (0: free)",
+    )
     p.add_argument(
         "--warmup", type=int, default=None, help="override the loop's warm-up steps (default 10)"
     )
@@ -119,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
     from lightning_rex.driver.loop import LoopConfig
     from lightning_rex.sim.engine import default_loop, run, simulate
     from lightning_rex.sim.policies import OraclePolicy
+    from lightning_rex.sim.report import aggregate, paired_ratio
     from lightning_rex.sim.scenario import ScenarioError, load_scenario
 
     try:
@@ -127,6 +132,8 @@ def main(args: argparse.Namespace) -> int:
             scen = scen.with_noise(args.cv, args.ar1)
         if args.steps is not None:
             scen = scen.with_steps(args.steps)
+        if args.shape_change_s is not None:
+            scen = scen.with_shape_change(args.shape_change_s)
     except ScenarioError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
@@ -173,7 +180,12 @@ def main(args: argparse.Namespace) -> int:
         oracle = simulate(scen, OraclePolicy(scen), seed)
         for n in names:
             per[n].append(run(scen, n, seed, oracle=oracle, loop=loop).to_dict())
-    agg = {n: _aggregate(rs, scen.steps) for n, rs in per.items()}
+    agg = {n: aggregate(rs, scen.steps) for n, rs in per.items()}
+    if "rex" in per:  # each policy against rex, paired by seed
+        rex = [r["efficiency"] for r in per["rex"]]
+        for n, rs in per.items():
+            ratio = paired_ratio([r["efficiency"] for r in rs], rex)
+            agg[n]["vs_rex"], agg[n]["vs_rex_ci95"] = ratio[0], [ratio[1], ratio[2]]
     if args.json:
         print(json.dumps({"scenario": scen.name, "seeds": seeds, "policies": agg}))
     else:
@@ -183,27 +195,3 @@ def main(args: argparse.Namespace) -> int:
         )
         print(_table(agg, list(next(iter(agg.values())).keys())))
     return 0
-
-
-def _aggregate(rs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
-    eff = np.array([r["efficiency"] for r in rs])
-    t90 = [r["time_to_90pct_windows"] for r in rs]
-    delays = [d for r in rs for d in r["detection_delay_windows"]]
-    within3 = [d is not None and d <= 3 for d in delays]
-    return {
-        "eff_mean": float(eff.mean()),
-        "eff_min": float(eff.min()),
-        "steady_eff_mean": float(np.mean([r["steady_efficiency"] for r in rs])),
-        "steady_eff_min": float(np.min([r["steady_efficiency"] for r in rs])),
-        "throughput_mean": float(np.mean([r["throughput"] for r in rs])),
-        "t90_max": None if any(t is None for t in t90) else int(max(t90)),
-        "rescales_mean": float(np.mean([r["rescales"] for r in rs])),
-        "plan_changes_mean": float(np.mean([r["plan_changes"] for r in rs])),
-        "rollbacks_mean": float(np.mean([r["rollbacks"] for r in rs])),
-        "false_per_10k_steps": float(
-            sum(r["false_rescales"] for r in rs) * 1e4 / (steps * len(rs))
-        ),
-        "events_acted_within_3": float(np.mean(within3)) if within3 else None,
-        "decision_ms_p50": float(np.median([r["decision_ms_p50"] for r in rs])),
-        "decision_ms_p99": float(np.max([r["decision_ms_p99"] for r in rs])),
-    }

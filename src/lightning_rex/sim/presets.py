@@ -7,7 +7,17 @@ a preset is the same on every machine.
 GPU speeds in ``a100-v100-t4-8`` are relative training throughputs in the proportions of
 NVIDIA's published ResNet-50 mixed-precision training figures (roughly A100 : V100 : T4 =
 2.6k : 1.4k : 0.45k images/s per GPU; approximate, for shape only), with memory caps in
-proportion to 80 / 32 / 16 GB.
+proportion to 80 / 32 / 16 GB. Ranks carry their GPU's name as ``device``.
+
+Costs: every GPU preset charges ``shape_change_s = 0.5`` s for a micro-batch size a rank has
+not run among its last 8 distinct sizes (:data:`SHAPE_CHANGE_S`). Where it comes from: cuDNN's
+``benchmark`` mode times every convolution's candidate algorithms once per new input shape,
+and ``torch.compile`` (without dynamic shapes) recompiles, which costs from a few hundred
+milliseconds to tens of seconds per shape; 0.5 s is our estimate for a ResNet-50-sized
+network with cuDNN autotuning, at the low end of that range, not a measurement
+(``examples/profile_curve.py --cudnn-benchmark`` measures it on a GPU). ``pair-3x`` models the
+CPU bench, where a new shape costs nothing measurable (``profile_curve.py`` on this project's
+CPU machine: 0.0 s), so it charges 0. ``simulate --shape-change-s 0`` runs any preset free.
 """
 
 from __future__ import annotations
@@ -17,7 +27,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PRESETS"]
+__all__ = ["PRESETS", "SHAPE_CHANGE_S"]
+
+SHAPE_CHANGE_S = 0.5
+"""Seconds a GPU preset charges a rank for a micro-batch shape it has not run recently."""
 
 _GPU = {
     # rate (samples/s), overhead (s), knee (samples), mem cap (samples)
@@ -29,7 +42,13 @@ _GPU = {
 
 def _rank(kind: str, jitter: float = 0.0) -> dict[str, Any]:
     rate, over, knee, cap = _GPU[kind]
-    return {"rate": rate * (1.0 + jitter), "overhead_s": over, "knee": knee, "mem_cap": cap}
+    return {
+        "rate": rate * (1.0 + jitter),
+        "overhead_s": over,
+        "knee": knee,
+        "mem_cap": cap,
+        "device": kind,
+    }
 
 
 def _uniform(n: int, rate: float = 2000.0) -> list[dict[str, Any]]:
@@ -180,15 +199,141 @@ def drift_16() -> dict[str, Any]:
     }
 
 
+def twoscale_noise_8() -> dict[str, Any]:
+    """``a100-v100-t4-8``'s ranks under two-scale noise, CV 0.15.
+
+    The log noise is a slow drift carrying 60% of the variance (AR(1) 0.95: thermal and
+    clock drift, a co-tenant's phases) on a fast jitter carrying 40% (independent per step).
+    A test calibrated for one AR(1) scale meets autocorrelation it did not assume.
+    """
+    d = a100_v100_t4_8()
+    d["noise"] = {
+        "dist": "lognormal",
+        "cv": 0.15,
+        "components": [{"share": 0.6, "ar1": 0.95}, {"share": 0.4, "ar1": 0.0}],
+    }
+    return d
+
+
+def spiky_noise_8() -> dict[str, Any]:
+    """``a100-v100-t4-8``'s ranks at CV 0.08, plus spikes.
+
+    Every rank, every step, independently takes 3x its time with probability 0.01 (a
+    garbage-collection pause, a data-loader stall, a co-tenant's burst).
+    """
+    d = a100_v100_t4_8()
+    d["noise"] = {
+        "dist": "lognormal",
+        "cv": 0.08,
+        "ar1": 0.5,
+        "spikes": {"prob": 0.01, "factor": 3.0},
+    }
+    return d
+
+
+def tiled_8() -> dict[str, Any]:
+    """``a100-v100-t4-8`` on quantisation staircases.
+
+    Time steps up every 8 samples on T4 and V100 and every 16 on A100 (kernels pad the batch
+    to tile multiples): a few percent per step at the sizes these ranks run, the pattern of
+    published per-batch-size measurements.
+    """
+    d = a100_v100_t4_8()
+    for r in d["ranks"]:
+        r["tile"] = 16 if r["device"] == "A100" else 8
+    return d
+
+
+def memwall_8() -> dict[str, Any]:
+    """Four A100 and four V100 whose time climbs steeply near their memory cap.
+
+    Above 70% of ``mem_cap`` a rank's time is multiplied by up to 2.5x at the cap (allocator
+    fragmentation, activation recomputation, cache thrashing). The global batch pushes the
+    fast ranks into that region: the affine fit a rank's first windows suggest overshoots.
+    """
+    ranks = [dict(_rank("A100"), mem_cap=256) for _ in range(4)]
+    ranks += [dict(_rank("V100"), mem_cap=160) for _ in range(4)]
+    for r in ranks:
+        r["wall"] = {"start": 0.7, "factor": 2.5}
+    return {
+        "global_batch": 1024,
+        "steps": 3000,
+        "window": 30,
+        "comm": 0.01,
+        "ranks": ranks,
+        "noise": {"dist": "lognormal", "cv": 0.10, "ar1": 0.5},
+    }
+
+
+# ResNet-50 FP32 training, one GPU, synthetic data, MXNet 1.2.0rc1 + cuDNN 7.0.5: seconds per
+# step = batch / images-per-second, from the "Training results" table of Apache MXNet's
+# "Some Tips for Improving MXNet Performance" (https://mxnet.apache.org/api/faq/perf;
+# apache/mxnet docs/static_site/src/pages/api/faq/perf.md at 0c17f67e), K80 on EC2
+# p2.2xlarge, M60 on g3.4xlarge, V100 on p3.2xlarge.
+_MXNET_RESNET50 = {
+    "K80": [
+        [1, 0.064061], [2, 0.083752], [4, 0.123993], [8, 0.202943], [16, 0.342686],
+        [32, 0.646726],
+    ],
+    "M60": [
+        [1, 0.048662], [2, 0.061256], [4, 0.087777], [8, 0.145666], [16, 0.248293],
+        [32, 0.468247],
+    ],
+    "V100": [
+        [1, 0.028952], [2, 0.030764], [4, 0.035245], [8, 0.045764], [16, 0.063689],
+        [32, 0.107199], [64, 0.186486], [128, 0.351948],
+    ],
+}  # fmt: skip
+
+
+def resnet50_k80_m60_v100_6() -> dict[str, Any]:
+    """Two K80, two M60 and two V100 on published, measured ResNet-50 training curves.
+
+    Each rank's curve is the per-batch-size step time of its GPU in the "Training results"
+    table of Apache MXNet's performance guide (https://mxnet.apache.org/api/faq/perf: FP32,
+    one GPU, synthetic data, batch sizes 1 to 32 on K80 and M60 and 1 to 128 on V100).
+    ``mem_cap`` is the largest size measured (32 and 128), so no rank leaves its table. The
+    curves are far from affine: a V100 at 8 samples runs 6x the images/s it runs at 1.
+    ``comm`` 0.05 s is our estimate for an all-reduce of ResNet-50's 100 MB of FP32
+    gradients over 25 Gb/s Ethernet, with overlap.
+    """
+    ranks = [
+        {"curve": _MXNET_RESNET50[gpu], "mem_cap": cap, "device": gpu}
+        for gpu, cap in (("K80", 32), ("M60", 32), ("V100", 128))
+        for _ in range(2)
+    ]
+    return {
+        "global_batch": 192,
+        "steps": 3000,
+        "window": 30,
+        "comm": 0.05,
+        "ranks": ranks,
+        "noise": {"dist": "lognormal", "cv": 0.10, "ar1": 0.5},
+    }
+
+
+def _costed(make: Callable[[], dict[str, Any]], seconds: float) -> Callable[[], dict[str, Any]]:
+    def preset() -> dict[str, Any]:
+        return {**make(), "shape_change_s": seconds}
+
+    preset.__doc__ = make.__doc__
+    return preset
+
+
 PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
-    "pair-3x": pair_3x,
-    "homogeneous-8": homogeneous_8,
-    "a100-v100-t4-8": a100_v100_t4_8,
-    "mixed-64": mixed_64,
-    "slowdown-mid-16": slowdown_mid_16,
-    "slowdown-15pct-16": slowdown_15pct_16,
-    "transient-16": transient_16,
-    "drift-16": drift_16,
-    "mixed-4096": mixed_4096,
+    "pair-3x": _costed(pair_3x, 0.0),
+    "homogeneous-8": _costed(homogeneous_8, SHAPE_CHANGE_S),
+    "a100-v100-t4-8": _costed(a100_v100_t4_8, SHAPE_CHANGE_S),
+    "mixed-64": _costed(mixed_64, SHAPE_CHANGE_S),
+    "slowdown-mid-16": _costed(slowdown_mid_16, SHAPE_CHANGE_S),
+    "slowdown-15pct-16": _costed(slowdown_15pct_16, SHAPE_CHANGE_S),
+    "transient-16": _costed(transient_16, SHAPE_CHANGE_S),
+    "drift-16": _costed(drift_16, SHAPE_CHANGE_S),
+    "mixed-4096": _costed(mixed_4096, SHAPE_CHANGE_S),
+    "twoscale-noise-8": _costed(twoscale_noise_8, SHAPE_CHANGE_S),
+    "spiky-noise-8": _costed(spiky_noise_8, SHAPE_CHANGE_S),
+    "tiled-8": _costed(tiled_8, SHAPE_CHANGE_S),
+    "memwall-8": _costed(memwall_8, SHAPE_CHANGE_S),
+    "resnet50-k80-m60-v100-6": _costed(resnet50_k80_m60_v100_6, SHAPE_CHANGE_S),
 }
-"""Preset name -> function returning the scenario mapping."""
+"""Preset name -> function returning the scenario mapping (with its shape-change cost)."""
