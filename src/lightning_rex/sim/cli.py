@@ -28,7 +28,7 @@ from typing import Any
 
 __all__ = ["add_parser", "main"]
 
-POLICIES = ("even", "static", "proportional", "rex", "oracle")
+POLICIES = ("even", "static", "proportional", "lbb", "omnilearn", "rex", "oracle")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -284,7 +284,8 @@ def make_policy(name: str, scenario: Scenario) -> Policy:
     """Build a built-in policy by name.
 
     Args:
-        name: One of ``even``, ``static``, ``proportional``, ``rex``, ``oracle``.
+        name: One of ``even``, ``static``, ``proportional``, ``lbb``, ``omnilearn``, ``rex``,
+            ``oracle``.
         scenario: The scenario (the oracle needs it).
 
     Returns:
@@ -303,6 +304,12 @@ def make_policy(name: str, scenario: Scenario) -> Policy:
         return RexPolicy()
     if name == "oracle":
         return OraclePolicy(scenario)
+    if name in ("lbb", "omnilearn"):
+        from lightning_rex.sim.lbb import LBBPolicy
+        from lightning_rex.sim.omnilearn import OmniLearnPolicy
+
+        return LBBPolicy() if name == "lbb" else OmniLearnPolicy()
     raise ValueError(
-        f"unknown policy {name!r}; choose from even, static, proportional, rex, oracle"
+        f"unknown policy {name!r}; choose from even, static, proportional, lbb, omnilearn, rex, "
+        "oracle"
     )
