@@ -5,7 +5,8 @@
 oracle on the same noise. Every policy is driven through
 :class:`~lightning_rex.driver.loop.WindowDriver`, so it pays what training pays (warm-up,
 decision lag, samples dropped after a change). Policies follow the interface documented in
-:mod:`lightning_rex.sim.policies`; :func:`run_loop` runs the loop on any per-rank step times.
+:mod:`lightning_rex.sim.policies`; the published peers are :class:`LBBPolicy` and
+:class:`OmniLearnPolicy`; :func:`run_loop` runs the loop on any per-rank step times.
 """
 
 from lightning_rex.sim import cli
@@ -20,6 +21,8 @@ from lightning_rex.sim.engine import (
     run_loop,
     simulate,
 )
+from lightning_rex.sim.lbb import LBBPolicy
+from lightning_rex.sim.omnilearn import OmniLearnPolicy
 from lightning_rex.sim.policies import (
     EvenPolicy,
     OraclePolicy,
@@ -36,7 +39,9 @@ from lightning_rex.sim.scenario import Scenario, ScenarioError, load_scenario, s
 __all__ = [
     "PRESETS",
     "EvenPolicy",
+    "LBBPolicy",
     "LoopRun",
+    "OmniLearnPolicy",
     "OraclePolicy",
     "Policy",
     "PolicyDecider",
