@@ -231,3 +231,23 @@ def test_decline_of_an_unapplied_rollback_keeps_the_plan_in_force():
     c.decline()  # training ended before the rollback was applied: `bad` stays in force
     assert c.state == "steady" and c.plan == bad
     assert c.observe(window(bad, rng, 60)).reason != "rollback not yet in force"
+
+
+def test_bounds_tightened_below_the_plan_in_force_plan_inside_them():
+    # the plan in force (33, 67) breaks the new cap of 60: planning must neither index past
+    # its size table nor trust the plan's time as a level for the sizes that matter
+    rng = np.random.default_rng(0)
+    c = Controller(world_size=2, global_batch=100, initial_plan=(80, 20))
+
+    def win(plan, start, slow):
+        t = np.array([[0.01 * plan[0] * slow], [0.01 * plan[1]]])
+        return Window(
+            np.abs(t * (1 + 0.01 * rng.standard_normal((2, 30)))), plan, start, start + 30
+        )
+
+    for i in range(4):
+        c.observe(win(c.plan, 30 * i, 2))
+    assert max(c.plan) > 60
+    c.set_bounds(1, [60, 60])
+    d = c.observe(win(c.plan, 120, 3))
+    assert d.kind == "propose" and max(d.plan) <= 60 and sum(d.plan) == 100

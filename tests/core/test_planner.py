@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from lightning_rex.core.planner import (
     affine_plan,
     exploration_kappa,
+    feasible_spread,
     resolve_bounds,
     size_horizon,
     water_fill,
@@ -127,3 +128,35 @@ def test_the_horizon_grows_with_the_sizes_in_play_not_with_the_global_batch():
     assert g == 256 and g < total // 1000
     # a level from a plan the bounds cannot hold is widened until they can
     assert size_horizon(times_at, 0.0, lo, np.full(n, 100), (), 100 * n - 1) == 100
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 1.0), st.floats(0.01, 1.0), st.integers(1, 3), st.integers(1, 80)),
+        min_size=2,
+        max_size=6,
+    ),
+    st.integers(0, 60),
+)
+def test_the_horizon_keeps_the_minimax_time_with_caps_below_the_even_split(ranks, extra):
+    over = np.array([r[0] for r in ranks])
+    slope = np.array([r[1] for r in ranks])
+    lo = np.array([r[2] for r in ranks], dtype=np.int64)
+    hi = np.maximum(np.array([r[3] for r in ranks], dtype=np.int64), lo)
+    total = int(min(lo.sum() + extra, hi.sum()))
+    sizes = np.arange(1, int(hi.max()) + 1)
+    table = over[:, None] + slope[:, None] * sizes[None, :]
+    full = np.asarray(water_fill(table, total, lo, hi))
+    got = np.asarray(affine_plan(over, slope, total, lo, hi))
+    assert got.sum() == total and np.all((got >= lo) & (got <= hi))
+    assert (over + slope * got).max() == pytest.approx((over + slope * full).max())
+
+
+def test_feasible_spread_is_the_most_even_plan_inside_the_bounds():
+    lo, hi = np.array([1, 1, 1, 2]), np.array([52, 12, 4, 62])
+    plan = feasible_spread(72, lo, hi)
+    assert plan.sum() == 72 and list(plan) == [28, 12, 4, 28]
+    assert list(feasible_spread(10, np.array([1, 1]), np.array([9, 9]))) == [5, 5]
+    with pytest.raises(ValueError, match="bounds sum to"):
+        feasible_spread(30, np.array([1, 1]), np.array([9, 9]))

@@ -133,6 +133,11 @@ HOSTILE = {
         _json({"global_batch": 64, "steps": 1e12, "ranks": [_RANK] * 2}),
         "steps must be <= 1,000,000",
     ),
+    "too many samples per rank": (
+        "s.json",
+        _json({"global_batch": 1 << 24, "steps": 60, "ranks": [{"rate": 1.0}, {"rate": 2.0}]}),
+        "global_batch=16777216 over 2 ranks is more than 65,536 samples per rank",
+    ),
     "too many rank-steps": (
         "s.json",
         _json({"global_batch": 8192 * 8, "steps": 5000, "ranks": [_RANK] * 8192}),

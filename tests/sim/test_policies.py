@@ -1,8 +1,11 @@
 import numpy as np
 import pytest
 
+from lightning_rex.core.plan import even_plan
+from lightning_rex.core.planner import water_fill
 from lightning_rex.core.window import Window
 from lightning_rex.sim.policies import (
+    OraclePolicy,
     PolicyInfo,
     ProportionalPolicy,
     RexPolicy,
@@ -57,3 +60,28 @@ def test_make_policy_names():
         assert make_policy(n, s).name == n
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("magic", s)
+
+
+def test_the_oracle_keeps_the_minimax_time_on_non_monotone_measured_curves():
+    # measured tables need not be monotone; water_fill plans on their running maxima, and
+    # the sizes the oracle tabulates must not cut a size the optimum needs
+    rng = np.random.default_rng(1)
+    for _ in range(150):
+        n, gb = int(rng.integers(2, 4)), int(rng.integers(8, 80))
+        ranks = []
+        for _ in range(n):
+            bs = np.unique(rng.integers(1, 90, size=int(rng.integers(2, 6))))
+            if bs.size < 2:
+                bs = np.array([1, 90])
+            ts = rng.uniform(0.01, 3.0, size=bs.size)
+            ranks.append({"curve": [[int(b), float(t)] for b, t in zip(bs, ts)]})
+        s = scenario_from_dict({"global_batch": gb, "steps": 10, "ranks": ranks})
+        o = OraclePolicy(s)
+        o.reset(PolicyInfo(gb, n, 30, 1, (None,) * n, even_plan(gb, n), 0))
+        plan = np.asarray(o.plan_at(0))
+        sizes = np.arange(1, gb + 1)
+        env = np.maximum.accumulate(s.time_table(sizes, 0), axis=1)
+        lo, hi = np.ones(n, dtype=np.int64), np.full(n, gb, dtype=np.int64)
+        full = np.asarray(water_fill(s.time_table(sizes, 0), gb, lo, hi))
+        rows = np.arange(n)
+        assert env[rows, plan - 1].max() == pytest.approx(env[rows, full - 1].max())

@@ -447,14 +447,19 @@ class Controller:
         # optimistic time at a size exceeds that level never gets that size. So the grid
         # grows with the sizes in play, not with B (4096 uncapped ranks stay in memory).
         # (water_fill plans on running maxima; the mean's bounds the optimistic curve's)
+        # A plan in force outside the bounds (tightened since) gives no level to trust: then
+        # the whole range is tabulated.
         mean, _ = self.model.predict_grid(np.arange(1, int(cur.max()) + 1))
+        pred_cur = float(mean[rows, cur - 1].max())
         level = float(np.maximum.accumulate(mean, axis=1)[rows, cur - 1].max())
 
         def optimistic(sizes: np.ndarray) -> np.ndarray:
             m, s = self.model.predict_grid(sizes)
             return np.asarray(m - kappa * s)
 
-        g = size_horizon(optimistic, level, self._lo, self._hi, self._plan, self.global_batch)
+        g = int(self._hi.max())
+        if not self._violates_bounds(self._plan):
+            g = size_horizon(optimistic, level, self._lo, self._hi, self._plan, self.global_batch)
         hi = np.minimum(self._hi, g)
         mean, sd = self.model.predict_grid(np.arange(1, g + 1))
         greedy = water_fill(mean, self.global_batch, self._lo, hi)
@@ -465,7 +470,6 @@ class Controller:
         # plan stays within `explore_slack` of the best mean plan.
         if pred_new > pred_greedy * (1.0 + self.explore_slack):
             plan, pred_new = greedy, pred_greedy
-        pred_cur = float(mean[rows, cur - 1].max())
         return plan, pred_new, pred_cur
 
     def _propose(self, window: Window, reason: str, decide: Any, force: bool = False) -> Decision:

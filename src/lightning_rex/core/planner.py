@@ -18,7 +18,14 @@ import numpy as np
 
 from lightning_rex.core.plan import Plan
 
-__all__ = ["affine_plan", "exploration_kappa", "resolve_bounds", "size_horizon", "water_fill"]
+__all__ = [
+    "affine_plan",
+    "exploration_kappa",
+    "feasible_spread",
+    "resolve_bounds",
+    "size_horizon",
+    "water_fill",
+]
 
 
 def resolve_bounds(
@@ -66,6 +73,38 @@ def exploration_kappa(explore: float, n_windows: int) -> float:
         The number of posterior standard deviations subtracted from the mean.
     """
     return float(explore) / np.sqrt(n_windows) if n_windows > 0 else 0.0
+
+
+def feasible_spread(total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The most even plan the bounds allow: every rank at one level, clipped into its bounds.
+
+    Args:
+        total: The global batch ``B`` (the bounds must be able to hold it).
+        lo: Per-rank minimum sizes, shape ``(N,)``.
+        hi: Per-rank maximum sizes, shape ``(N,)``.
+
+    Returns:
+        Integer sizes within the bounds summing to ``total``.
+
+    Raises:
+        ValueError: If the bounds cannot hold ``total``.
+    """
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    if not int(lo.sum()) <= total <= int(hi.sum()):
+        raise ValueError(f"bounds sum to [{int(lo.sum())}, {int(hi.sum())}], not {total}")
+    a, b = 0, int(hi.max())  # the smallest level u with sum(clip(u, lo, hi)) >= total
+    while a < b:
+        u = (a + b) // 2
+        if int(np.clip(u, lo, hi).sum()) >= total:
+            b = u
+        else:
+            a = u + 1
+    plan = np.clip(a, lo, hi)
+    excess = int(plan.sum()) - total
+    at_level = np.flatnonzero((plan == a) & (plan > lo))[:excess]
+    plan[at_level] -= 1
+    return plan
 
 
 def size_horizon(
@@ -256,9 +295,9 @@ def affine_plan(
     def times_at(sizes: np.ndarray) -> np.ndarray:
         return np.asarray(over[:, None] + slope[:, None] * np.asarray(sizes)[None, :])
 
-    # no rank needs a size slower than the slowest rank of a feasible plan: the even one
-    # clipped into the bounds (tabulate the sizes that matter, not every size up to B)
-    even = np.clip(np.full(lo.size, -(-total // lo.size)), lo, hi)
+    # no rank needs a size slower than the slowest rank of a feasible plan, the most even
+    # one (tabulate the sizes that matter, not every size up to B)
+    even = feasible_spread(total, lo, hi)
     level = float((over + slope * even).max())
     g = size_horizon(times_at, level, lo, hi, even.tolist(), total)
     sizes = np.arange(1, g + 1)

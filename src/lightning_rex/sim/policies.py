@@ -30,7 +30,13 @@ import numpy as np
 
 from lightning_rex.core.controller import Controller, Decision
 from lightning_rex.core.plan import Plan, round_fractions
-from lightning_rex.core.planner import affine_plan, resolve_bounds, size_horizon, water_fill
+from lightning_rex.core.planner import (
+    affine_plan,
+    feasible_spread,
+    resolve_bounds,
+    size_horizon,
+    water_fill,
+)
 from lightning_rex.core.window import Window
 from lightning_rex.sim.scenario import Scenario
 
@@ -258,19 +264,19 @@ class OraclePolicy:
         key = tuple(float(x) for x in f)
         if key not in self._cache:
             lo, hi = _bounds(self.info)
-            n = len(f)
 
             def times_at(sizes: np.ndarray) -> np.ndarray:
-                return np.stack(
-                    [self.scenario.compute_times(np.full(n, b), step) for b in sizes], 1
-                )
+                return self.scenario.time_table(sizes, step)
 
-            # no rank needs a size slower than the even plan's slowest rank: tabulate the
-            # sizes that matter, not every size up to the global batch
-            even = self.scenario.compute_times(np.asarray(self.info.initial_plan), step).max()
-            g = size_horizon(
-                times_at, float(even), lo, hi, self.info.initial_plan, self.info.global_batch
-            )
+            # no rank needs a size slower than the slowest rank of a feasible plan (the most
+            # even one), on the running maxima water_fill plans on: tabulate the sizes that
+            # matter, not every size up to the global batch. The minimax time is the same;
+            # among plans that tie on it, the one picked may differ.
+            even = feasible_spread(self.info.global_batch, lo, hi)
+            rows = np.arange(even.size)
+            env = np.maximum.accumulate(times_at(np.arange(1, int(even.max()) + 1)), axis=1)
+            level = float(env[rows, even - 1].max())
+            g = size_horizon(times_at, level, lo, hi, even.tolist(), self.info.global_batch)
             curves = times_at(np.arange(1, g + 1))
             self._cache[key] = water_fill(curves, self.info.global_batch, lo, np.minimum(hi, g))
         return self._cache[key]

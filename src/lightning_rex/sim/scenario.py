@@ -41,7 +41,8 @@ list or events outside the run raise :class:`ScenarioError` naming the field.
 
 Limits, so that a run's time and memory stay bounded (each is checked with a clear error):
 at most :data:`MAX_RANKS` ranks, :data:`MAX_STEPS` steps and :data:`MAX_RANK_STEPS` ranks x
-steps; ``global_batch`` at most :data:`MAX_GLOBAL_BATCH`; every time, rate and factor in a
+steps; ``global_batch`` at most :data:`MAX_GLOBAL_BATCH` and :data:`MAX_PER_RANK` per rank;
+every time, rate and factor in a
 range where step times stay finite (see :data:`LIMITS`). Memory grows with ranks x the sizes
 that matter (the planners tabulate each rank's curve only up to the largest size a rank
 could take without being slower than the even plan), not with ranks x ``global_batch``. A
@@ -68,6 +69,7 @@ __all__ = [
     "LIMITS",
     "MAX_FILE_BYTES",
     "MAX_GLOBAL_BATCH",
+    "MAX_PER_RANK",
     "MAX_RANKS",
     "MAX_RANK_STEPS",
     "MAX_STEPS",
@@ -90,6 +92,8 @@ MAX_RANK_STEPS = 20_000_000
 """The most ranks x steps (about two and a half minutes of this machine's CPU)."""
 MAX_GLOBAL_BATCH = 1 << 24
 """The largest global batch."""
+MAX_PER_RANK = 1 << 16
+"""The largest global batch per rank (``global_batch / ranks``): planners tabulate sizes."""
 MAX_FILE_BYTES = 10 << 20
 """The largest scenario file read."""
 LIMITS: dict[str, float] = {
@@ -201,6 +205,29 @@ class _Curves:
         self.wall_start = np.array([ranks[i].wall[0] for i in walled])  # type: ignore[index]
         self.wall_factor = np.array([ranks[i].wall[1] for i in walled])  # type: ignore[index]
 
+    def table(self, sizes: np.ndarray) -> np.ndarray:
+        """Every rank's time at every size in ``sizes``, shape ``(N, len(sizes))``."""
+        sizes = np.asarray(sizes)
+        b = np.broadcast_to(sizes[None, :], (self.rate.size, sizes.size))
+        tile = None if self.tile is None else self.tile.reshape(-1, 1)
+        t = affine_times(
+            b,
+            overhead_s=self.over.reshape(-1, 1),
+            rate=self.rate.reshape(-1, 1),
+            knee=self.knee.reshape(-1, 1),
+            tile=tile,
+        )
+        for curve, ix in self.tables:
+            t[ix] = curve(sizes)[None, :]
+        if self.walled.size:
+            t[self.walled] *= memory_wall_factor(
+                b[self.walled],
+                mem_cap=self.wall_cap[:, None],
+                start=self.wall_start[:, None],
+                factor=self.wall_factor[:, None],
+            )
+        return t
+
     def __call__(self, plan: np.ndarray) -> np.ndarray:
         t = affine_times(plan, overhead_s=self.over, rate=self.rate, knee=self.knee, tile=self.tile)
         for curve, ix in self.tables:
@@ -253,6 +280,18 @@ class Scenario:
             Shape ``(N,)``.
         """
         return self.base_times(plan) * self.factors(step)
+
+    def time_table(self, sizes: np.ndarray, step: int) -> np.ndarray:
+        """Noise-free times of every rank at every size in ``sizes`` at ``step``, seconds.
+
+        Args:
+            sizes: Micro-batch sizes, shape ``(G,)``.
+            step: The global step (selects the active events).
+
+        Returns:
+            Shape ``(N, G)``.
+        """
+        return self._curves.table(np.asarray(sizes)) * self.factors(step)[:, None]
 
     def base_times(self, plan: np.ndarray) -> np.ndarray:
         """Noise-free, event-free compute times of every rank under ``plan``, seconds.
@@ -545,6 +584,11 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
     if len(raw_ranks) > MAX_RANKS:
         raise ScenarioError(
             f"ranks has {len(raw_ranks)} entries; at most {MAX_RANKS} are simulated"
+        )
+    if gb > MAX_PER_RANK * len(raw_ranks):
+        raise ScenarioError(
+            f"global_batch={gb} over {len(raw_ranks)} ranks is more than {MAX_PER_RANK:,} "
+            "samples per rank; add ranks or use a smaller global_batch"
         )
     if len(raw_ranks) * steps > MAX_RANK_STEPS:
         raise ScenarioError(
