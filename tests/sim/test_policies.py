@@ -13,7 +13,7 @@ from lightning_rex.sim.policies import (
     fit_plan,
     make_policy,
 )
-from lightning_rex.sim.scenario import scenario_from_dict
+from lightning_rex.sim.schema import scenario_from_dict
 
 INFO = PolicyInfo(120, 3, 30, 1, (None, None, 50), (40, 40, 40), 0)
 

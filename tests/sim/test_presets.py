@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from lightning_rex.sim.presets import PRESETS, SHAPE_CHANGE_S
-from lightning_rex.sim.scenario import load_scenario
+from lightning_rex.sim.schema import load_scenario
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

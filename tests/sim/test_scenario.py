@@ -3,7 +3,8 @@ import json
 import pytest
 
 from lightning_rex.sim.presets import PRESETS
-from lightning_rex.sim.scenario import ScenarioError, load_scenario, scenario_from_dict, to_dict
+from lightning_rex.sim.scenario import ScenarioError
+from lightning_rex.sim.schema import load_scenario, scenario_from_dict, to_dict
 
 BASE = {
     "global_batch": 64,

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from lightning_rex.sim import run, scenario_from_dict, simulate
-from lightning_rex.sim.scenario import ScenarioError, to_dict
+from lightning_rex.sim.scenario import ScenarioError
+from lightning_rex.sim.schema import to_dict
 from lightning_rex.sim.times import ScenarioTimes, ShapeCache
 
 CURVE = [[1, 0.010], [8, 0.012], [32, 0.030], [64, 0.058]]

@@ -34,7 +34,8 @@ from lightning_rex.sim.policies import (
     make_policy,
 )
 from lightning_rex.sim.presets import PRESETS
-from lightning_rex.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_from_dict
+from lightning_rex.sim.scenario import Scenario, ScenarioError
+from lightning_rex.sim.schema import load_scenario, scenario_from_dict
 
 __all__ = [
     "PRESETS",

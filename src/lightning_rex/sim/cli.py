@@ -124,7 +124,8 @@ def main(args: argparse.Namespace) -> int:
     from lightning_rex.sim.engine import default_loop, run, simulate
     from lightning_rex.sim.policies import OraclePolicy
     from lightning_rex.sim.report import aggregate, paired_ratio
-    from lightning_rex.sim.scenario import ScenarioError, load_scenario
+    from lightning_rex.sim.scenario import ScenarioError
+    from lightning_rex.sim.schema import load_scenario
 
     try:
         scen = load_scenario(args.scenario)
