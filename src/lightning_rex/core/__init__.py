@@ -17,7 +17,7 @@ from lightning_rex.core.plan import (
 from lightning_rex.core.planner import affine_plan, exploration_kappa, resolve_bounds, water_fill
 from lightning_rex.core.significance import (
     ImbalanceResult,
-    Persistence,
+    WindowHistory,
     holm,
     imbalance_test,
     variance_inflation,
@@ -28,11 +28,11 @@ __all__ = [
     "Controller",
     "Decision",
     "ImbalanceResult",
-    "Persistence",
     "Plan",
     "RankTimeModel",
     "SplineKernel",
     "Window",
+    "WindowHistory",
     "affine_plan",
     "bspline_basis",
     "even_plan",

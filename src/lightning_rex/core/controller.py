@@ -62,6 +62,7 @@ from lightning_rex.core.planner import (
 )
 from lightning_rex.core.significance import (
     ImbalanceResult,
+    WindowHistory,
     effect_drop_z,
     ending_p_value,
     imbalance_test,
@@ -76,9 +77,15 @@ from lightning_rex.core.state import (
     real,
     whole,
 )
+from lightning_rex.core.validation import non_inferiority
 from lightning_rex.core.window import Window
 
 __all__ = ["Controller", "Decision"]
+
+_BASELINE_WINDOWS = 4
+"""The most steady windows before a trigger that form a change's baseline."""
+_VALIDATION_LOOKS = 2
+"""The most windows a new plan is measured for before it is kept or rolled back."""
 
 DecisionKind = Literal["hold", "propose", "accept", "rollback"]
 
@@ -177,8 +184,10 @@ class Controller:
         ending_alpha: Level of the veto that calls an imbalance transient when it ends (or
             starts) inside the latest window (see ``ending_p_value``).
         min_gain: Smallest predicted relative step-time gain worth a proposal.
-        margin: Non-inferiority margin: a new plan is rolled back only when it is
-            significantly slower than the old by more than this fraction.
+        margin: Non-inferiority margin: a new plan is kept only when the data show, at
+            ``validation_confidence``, that it is not slower than the old by more than this
+            fraction (:func:`~lightning_rex.core.validation.non_inferiority`).
+        validation_confidence: One-sided confidence of the non-inferiority bound.
         tolerance: A new plan is also rolled back when its measured step time exceeds the
             prediction by more than this fraction (plus a noise allowance).
         explore: Exploration width: the planner uses ``mean - explore / sqrt(n) * sd``.
@@ -204,6 +213,7 @@ class Controller:
         ending_alpha: float = 0.05,
         min_gain: float = 0.01,
         margin: float = 0.02,
+        validation_confidence: float = 0.95,
         tolerance: float = 0.10,
         explore: float = 0.5,
         explore_slack: float = 0.03,
@@ -224,6 +234,11 @@ class Controller:
         self.ending_alpha = float(ending_alpha)
         self.min_gain = float(min_gain)
         self.margin = float(margin)
+        if not 0.0 < validation_confidence < 1.0:
+            raise ValueError(
+                f"validation_confidence must be in (0, 1), got {validation_confidence}"
+            )
+        self.validation_confidence = float(validation_confidence)
         self.tolerance = float(tolerance)
         self.explore = float(explore)
         self.explore_slack = float(explore_slack)
@@ -248,8 +263,16 @@ class Controller:
         self._predicted: float | None = None
         self._baseline: list[float] | None = None
         self._recent: list[list[list[float]]] = []
+        # per-step synchronous times of the steady windows under the plan in force (oldest
+        # first), for the baseline of the next change
+        self._before: list[list[float]] = []
+        self._changed = False
+        # per-step times of the windows measured so far under a plan being validated
+        self._trial: list[list[float]] = []
         self._reference: list[float] | None = None
         self._fitted_at = -1
+        self._history = WindowHistory()
+        self._floors = (1.0, 1.0)
         self.windows_seen = 0
 
     # ------------------------------------------------------------------ API
@@ -286,11 +309,11 @@ class Controller:
             self._plan = self._previous
             self._pending, self._previous, self._baseline = None, None, None
             self._state = "steady"
-            self._recent = []
+            self._recent, self._before, self._trial = [], [], []
         elif self._state == "rolling_back" and self._rejected is not None:
             self._plan, self._rejected = self._rejected, None
             self._state = "steady"
-            self._recent = []
+            self._recent, self._before = [], []
 
     def rank_model_summary(self) -> dict[str, list[float]]:
         """Per-rank fitted overhead (``overhead_s``) and rate (``rate``, samples/s)."""
@@ -311,7 +334,14 @@ class Controller:
         if window.n_ranks != self.world_size:
             raise ValueError(f"window has {window.n_ranks} ranks, expected {self.world_size}")
         self.windows_seen += 1
-        sig = imbalance_test(window.times, alpha=self.alpha, min_effect=self.min_effect)
+        # The long-run variance factors come from the windows before this one (batch means
+        # across windows): slow autocorrelation that a single window cannot see.
+        f_one = self._history.factor(1)
+        self._floors = (f_one, max(f_one, self._history.factor(self.persistence)))
+        sig = imbalance_test(
+            window.times, alpha=self.alpha, min_effect=self.min_effect, min_inflation=f_one
+        )
+        self._history.add(sig.z, window.plan)
         k = window.n_steps
         logs = np.log(window.times)
         rel_var = float(np.median(logs.var(axis=1))) * (math.pi / 2) * sig.inflation / k
@@ -344,6 +374,8 @@ class Controller:
             )
         self._recent.append(window.times.tolist())
         self._recent = self._recent[-self.persistence :]
+        self._before.append(window.step_max.tolist())
+        self._before = self._before[-(self.persistence + _BASELINE_WINDOWS) :]
         # The initial plan is a guess, not a measured state: at cold start one window counts.
         need = 1 if self._reference is None and self.windows_seen == 1 else self.persistence
         if len(self._recent) < need:
@@ -362,7 +394,9 @@ class Controller:
             why = "transient imbalance" if sig.imbalanced else "balanced"
             return decide("hold", None, why)
         self._mark_changes(flagged, window)
-        return self._propose(window, f"persistent imbalance on ranks {flagged[:8]}", decide)
+        return self._propose(
+            window, f"persistent imbalance on ranks {flagged[:8]}", decide, trigger=need
+        )
 
     # -------------------------------------------------------------- internals
     def _adopt(self, window: Window, decide: Any) -> Decision:
@@ -371,7 +405,9 @@ class Controller:
         self._state = "steady"
         self._pending = self._previous = self._rejected = None
         self._predicted, self._baseline, self._reference = None, None, None
+        self._trial = []
         self._recent = [window.times.tolist()]
+        self._before = [window.step_max.tolist()]
         return decide("hold", None, "plan set outside the controller: adopted as the plan in force")
 
     def _violates_bounds(self, plan: Plan) -> bool:
@@ -390,15 +426,23 @@ class Controller:
         if self._reference is not None:
             gap = np.maximum(gap, np.abs(np.log(recent / np.asarray(self._reference))))
         moved = [r for r in flagged if gap[r] > thr]
+        self._changed = bool(moved)
         if moved:
             self.model.forget(moved, keep_last=len(self._recent))
 
     def _persistent(self, need: int) -> list[int]:
         wins = [np.asarray(w) for w in self._recent[-need:]]
+        f_one, f_span = self._floors
         pooled = imbalance_test(
-            np.concatenate(wins, axis=1), alpha=self.alpha, min_effect=self.min_effect
+            np.concatenate(wins, axis=1),
+            alpha=self.alpha,
+            min_effect=self.min_effect,
+            min_inflation=f_span if need > 1 else f_one,
         )
-        each = [imbalance_test(w, alpha=self.alpha, min_effect=self.min_effect) for w in wins]
+        each = [
+            imbalance_test(w, alpha=self.alpha, min_effect=self.min_effect, min_inflation=f_one)
+            for w in wins
+        ]
         thr = 1.0 + self.min_effect
         out: list[int] = []
         for slow in (True, False):
@@ -472,39 +516,110 @@ class Controller:
             plan, pred_new = greedy, pred_greedy
         return plan, pred_new, pred_cur
 
-    def _propose(self, window: Window, reason: str, decide: Any, force: bool = False) -> Decision:
-        plan, pred_new, pred_cur = self._best_plan()
-        if not force and (plan == self._plan or pred_new > pred_cur * (1.0 - self.min_gain)):
-            return decide("hold", None, f"{reason}; no plan predicted {self.min_gain:.0%} faster")
+    def _propose(
+        self,
+        window: Window,
+        reason: str,
+        decide: Any,
+        force: bool = False,
+        trigger: int = 1,
+        plan: Plan | None = None,
+    ) -> Decision:
+        if plan is None:
+            plan, pred_new, pred_cur = self._best_plan()
+            if not force and (plan == self._plan or pred_new > pred_cur * (1.0 - self.min_gain)):
+                why = f"{reason}; no plan predicted {self.min_gain:.0%} faster"
+                return decide("hold", None, why)
+        else:
+            pred_new = float(self.model.predict(plan).max())
+        self._baseline = self._baseline_for(window, trigger)
         self._previous, self._pending = self._plan, plan
         self._plan = plan
         self._predicted = pred_new
-        self._baseline = window.step_max.tolist()
         self._state = "validating"
-        self._recent = []
+        self._recent, self._before, self._changed, self._trial = [], [], False, []
         return decide("propose", plan, reason, pred_new)
+
+    def _baseline_for(self, window: Window, trigger: int) -> list[float]:
+        """The old plan's per-step times that a new plan is validated against.
+
+        The windows that triggered the proposal were selected for looking imbalanced, and
+        regression to the mean would flatter any change measured against them. So the
+        baseline is the (up to ``_BASELINE_WINDOWS``) steady windows under the old plan
+        *before* the trigger. Two exceptions, where those windows do not measure the cluster
+        the new plan runs on: a rank's speed changed (a change point was marked: the
+        windows before it measure the old cluster), or there are none (cold start, a
+        refinement right after a validation). Then the trigger windows are the baseline.
+        """
+        before = self._before[: max(0, len(self._before) - trigger)][-_BASELINE_WINDOWS:]
+        if before and not self._changed:
+            return [t for w in before for t in w]
+        trig = self._before[-trigger:] if trigger > 0 else []
+        return [t for w in trig for t in w] or window.step_max.tolist()
+
+    def try_plan(self, plan: Sequence[int], reason: str = "plan tried from outside") -> None:
+        """Apply a plan chosen outside the controller, validated like its own proposals.
+
+        The next window under ``plan`` is tested for non-inferiority against the plan in
+        force, and rolled back (a ``rollback`` decision) when it is not shown to be within
+        the margin. The caller applies ``plan`` itself.
+
+        Args:
+            plan: The plan to try; it must sum to ``B`` and respect the bounds.
+            reason: Recorded in the decision that validates it.
+
+        Raises:
+            RuntimeError: If a proposal or rollback is already out.
+            ValueError: If the plan is malformed or breaks the bounds.
+        """
+        if self._state != "steady":
+            raise RuntimeError(f"cannot try a plan while {self._state}")
+        p = validate_plan(plan, self.global_batch, self.world_size, name="plan")
+        if self._violates_bounds(p):
+            raise ValueError(f"plan {p} breaks the size bounds")
+        if self.model.n_obs == 0 or not self._before:
+            raise RuntimeError("try_plan needs at least one window under the plan in force")
+        last = Window(np.asarray(self._recent[-1]), self._plan, 0, 1)
+        self._propose(last, reason, lambda *a, **k: None, force=True, trigger=0, plan=p)
 
     def _validate(
         self, window: Window, sig: ImbalanceResult, measured: float, decide: Any
     ) -> Decision:
         assert self._baseline is not None and self._previous is not None
-        new = window.step_max
-        base = np.asarray(self._baseline)
-        k = min(new.size, base.size)
-        test = imbalance_test(np.stack([new[-k:], base[-k:]]), alpha=self.alpha, min_effect=0.0)
-        ratio = float(np.median(new) / np.median(base))
-        slower = bool(test.raw_p_values[0] < self.alpha and ratio > 1.0 + self.margin)
+        self._trial.append(window.step_max.tolist())
+        looks = len(self._trial)
+        # Two looks at most, each at half the error rate (Bonferroni), so that accepting a
+        # plan truly slower than the margin stays below 1 - confidence over both.
+        ni = non_inferiority(
+            np.asarray([t for w in self._trial for t in w]),
+            np.asarray(self._baseline),
+            margin=self.margin,
+            confidence=1.0 - (1.0 - self.validation_confidence) / _VALIDATION_LOOKS,
+        )
         pred = float(self.model.predict(window.plan).max())
         allowance = 3.0 * math.sqrt(
             self.model.rel_var[-1] * 2.0 * math.log(max(self.world_size, 2))
         )
         off_model = measured > pred * (1.0 + self.tolerance + allowance)
+        ratio = ni.ratio
+        slower = not ni.non_inferior
+        if slower and not off_model and looks < _VALIDATION_LOOKS and ni.lower <= ni.bound:
+            # neither shown within the margin nor shown worse: measure one more window
+            return decide(
+                "hold",
+                None,
+                f"validation inconclusive after {looks} window (x{ratio:.3f}, upper bound"
+                f" x{ni.upper:.3f}): extended",
+                self._predicted,
+            )
         predicted = self._predicted
         self._baseline = None
+        self._before, self._trial = self._trial, []
         self._recent = [window.times.tolist()]
         if slower or off_model:
             why = (
-                f"new plan significantly slower than before (x{ratio:.3f})"
+                f"new plan not shown within {self.margin:.0%} of the old (x{ratio:.3f},"
+                f" upper bound x{ni.upper:.3f})"
                 if slower
                 else f"new plan slower than predicted ({measured:.4g}s vs {pred:.4g}s)"
             )
@@ -512,7 +627,7 @@ class Controller:
             self._rejected = self._pending
             self._plan, self._pending, self._previous = back, None, None
             self._state = "rolling_back"
-            self._recent = []
+            self._recent, self._before = [], []
             return decide("rollback", back, why, predicted)
         self._pending, self._previous = None, None
         self._state = "steady"
@@ -546,6 +661,10 @@ class Controller:
             "fitted_at": self._fitted_at,
             "reference": self._reference,
             "windows_seen": self.windows_seen,
+            "history": self._history.state_dict(),
+            "before": self._before,
+            "trial": self._trial,
+            "changed": self._changed,
             "min_size": self.min_size,
             "max_sizes": self.max_sizes,
             "model": self.model.state_dict(),
@@ -605,6 +724,24 @@ class Controller:
             field(d, "reference", name), float_list, f"{name}.reference", world_size, True
         )
         out["windows_seen"] = whole(field(d, "windows_seen", name), f"{name}.windows_seen", 0)
+        out["before"] = matrix(d.get("before", []), f"{name}.before", None, None, True)
+        out["changed"] = bool(d.get("changed", False))
+        out["trial"] = matrix(d.get("trial", []), f"{name}.trial", None, None, True)
+        hist = d.get("history", {"z": [], "plans": []})  # absent in checkpoints before 0.4
+        if not isinstance(hist, dict):
+            raise StateError(f"{name}.history", "must be a mapping")
+        plans = field(hist, "plans", f"{name}.history")
+        if not isinstance(plans, list):
+            raise StateError(f"{name}.history.plans", "must be a list of plans")
+        out["history"] = {
+            "z": matrix(
+                field(hist, "z", f"{name}.history"), f"{name}.history.z", len(plans), world_size
+            ),
+            "plans": [
+                int_list(p, f"{name}.history.plans[{i}]", world_size, 1)
+                for i, p in enumerate(plans)
+            ],
+        }
         out["min_size"] = whole(field(d, "min_size", name), f"{name}.min_size", 1)
         caps = field(d, "max_sizes", name)
         if caps is not None:
@@ -640,6 +777,8 @@ class Controller:
         self._fitted_at = c["fitted_at"]
         self._reference = c["reference"]
         self.windows_seen = c["windows_seen"]
+        self._history.load_state_dict(c["history"])
+        self._before, self._changed, self._trial = c["before"], c["changed"], c["trial"]
         self.model.load_state_dict(c["model"])
 
 

@@ -23,12 +23,21 @@ Method, for a window of ``N`` ranks x ``K`` steps:
    the other ranks' medians) is above ``1 + min_effect`` (slower) or below
    ``1 / (1 + min_effect)`` (faster).
 
-:class:`Persistence` separates transient stragglers from persistent imbalance: a verdict
-counts once it holds in ``m`` consecutive windows.
+5. **Batch means across windows** (:class:`WindowHistory`). One window cannot see
+   autocorrelation slower than itself: two-timescale noise (a slow drift under a fast
+   jitter) has a small lag-1 autocorrelation inside 30 steps but moves whole windows. Each
+   window's naive standardised U of every rank (``z``, no correction) is kept; under the
+   null, the variance of ``z`` across windows of the same plan, around each rank's own
+   level, *is* the long-run variance factor, whatever the autocorrelation's shape (batch
+   means, with a window as the batch). It is pooled over ranks, taken as an upper
+   confidence bound (chi-square on its degrees of freedom), and used as a floor under the
+   in-window factor. A rank that is really slower has a constant offset, which the per-rank
+   level removes, so real imbalance does not hide itself.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +47,7 @@ from scipy import stats
 
 __all__ = [
     "ImbalanceResult",
-    "Persistence",
+    "WindowHistory",
     "block_medians",
     "effect_drop_z",
     "ending_p_value",
@@ -139,6 +148,8 @@ class ImbalanceResult:
         raw_p_values: Unadjusted one-sided p-values for "rank r is slower", shape (N,).
         raw_p_values_fast: Unadjusted one-sided p-values for "rank r is faster".
         inflation: The autocorrelation variance factor applied to every U (>= 1).
+        z: Naive standardised U of every rank (positive: slower), without the
+            autocorrelation factor; what :class:`WindowHistory` keeps.
         p_values: Holm-adjusted p-values for "rank r is slower than the others", shape (N,).
         p_values_fast: Holm-adjusted p-values for "rank r is faster than the others".
         effect: Median ratio of each rank to the median of the other ranks' medians.
@@ -152,6 +163,7 @@ class ImbalanceResult:
     raw_p_values: np.ndarray
     raw_p_values_fast: np.ndarray
     inflation: float
+    z: np.ndarray
     p_values: np.ndarray
     p_values_fast: np.ndarray
     effect: np.ndarray
@@ -195,7 +207,12 @@ class ImbalanceResult:
 
 
 def imbalance_test(
-    times: np.ndarray, *, alpha: float = 0.01, min_effect: float = 0.05, block: int = 1
+    times: np.ndarray,
+    *,
+    alpha: float = 0.01,
+    min_effect: float = 0.05,
+    block: int = 1,
+    min_inflation: float = 1.0,
 ) -> ImbalanceResult:
     """Test a window for ranks that are significantly and materially slower or faster.
 
@@ -205,6 +222,8 @@ def imbalance_test(
         min_effect: Practical threshold: a slow rank's median ratio must exceed
             ``1 + min_effect`` (a fast rank's must be below ``1 / (1 + min_effect)``).
         block: Samples per block median (see the module docstring); 1 disables blocking.
+        min_inflation: A floor under the in-window autocorrelation factor, from the
+            windows before (:meth:`WindowHistory.factor`).
 
     Returns:
         The :class:`ImbalanceResult`.
@@ -226,6 +245,7 @@ def imbalance_test(
             ones,
             ones.copy(),
             1.0,
+            np.zeros(n),
             ones.copy(),
             ones.copy(),
             effect,
@@ -243,10 +263,11 @@ def imbalance_test(
     u = ranks.sum(axis=1) - m * (m + 1) / 2.0
     _, counts = np.unique(bm, return_counts=True)
     tie = float(np.sum(counts.astype(np.float64) ** 3 - counts)) / (total * (total - 1))
-    inflation = variance_inflation(ranks)
-    var = n1 * n2 / 12.0 * ((total + 1) - tie) * inflation
-    sd = np.sqrt(max(var, 1e-300))
+    inflation = max(variance_inflation(ranks), float(min_inflation))
+    var0 = n1 * n2 / 12.0 * ((total + 1) - tie)
+    sd = np.sqrt(max(var0 * inflation, 1e-300))
     mean = n1 * n2 / 2.0
+    z = (u - mean) / np.sqrt(max(var0, 1e-300))
     p_slow = stats.norm.sf((u - mean - 0.5) / sd)
     p_fast = stats.norm.sf((mean - u - 0.5) / sd)
     adj = holm(np.concatenate([p_slow, p_fast]))
@@ -257,6 +278,7 @@ def imbalance_test(
         raw_p_values=p_slow,
         raw_p_values_fast=p_fast,
         inflation=inflation,
+        z=z,
         p_values=p_slow_adj,
         p_values_fast=p_fast_adj,
         effect=effect,
@@ -343,35 +365,99 @@ def effect_drop_z(windows: Sequence[np.ndarray], *, slower: bool = True) -> np.n
     return np.asarray((drop - center) / max(spread, 1e-12))
 
 
-class Persistence:
-    """Count consecutive imbalanced windows; transient stragglers stay below the bar.
+class WindowHistory:
+    """Batch-means estimate of the long-run variance factor from past windows.
+
+    Every window's naive standardised U statistics (``ImbalanceResult.z``, one per rank) are
+    stored with the plan they were measured under. For a span of ``s`` windows, the moving
+    sums of ``s`` consecutive windows' ``z`` (within one plan), divided by ``sqrt(s)``, are
+    centred on each rank's median over that plan; their pooled robust variance (median
+    absolute deviation) estimates the factor by which the variance of a test pooled over
+    ``s`` windows exceeds the independent-samples variance. The estimate is returned as a
+    one-sided ``confidence`` upper bound (``f * df / chi2.ppf(1 - confidence, df)``, with the
+    MAD's 37% efficiency in ``df``); it is 1 until ``min_df`` independent batches are there,
+    and never below 1.
 
     Args:
-        windows: How many consecutive imbalanced windows make a persistent imbalance
-            (``m``, default 2). 1 acts on every imbalanced window.
-
-    Raises:
-        ValueError: If ``windows < 1``.
+        max_windows: Windows kept (older ones are dropped).
+        confidence: Confidence of the upper bound (0 returns the point estimate).
+        min_df: Degrees of freedom below which no estimate is made (the factor is 1).
     """
 
-    def __init__(self, windows: int = 2) -> None:
-        if windows < 1:
-            raise ValueError(f"persistence must be >= 1, got {windows}")
-        self.windows = int(windows)
-        self.count = 0
+    def __init__(self, max_windows: int = 24, confidence: float = 0.9, min_df: int = 8) -> None:
+        if max_windows < 2:
+            raise ValueError(f"max_windows must be >= 2, got {max_windows}")
+        self.max_windows = int(max_windows)
+        self.confidence = float(confidence)
+        self.min_df = int(min_df)
+        self.z: list[list[float]] = []
+        self.plans: list[tuple[int, ...]] = []
 
-    def update(self, imbalanced: bool) -> bool:
-        """Record one window's verdict.
+    def add(self, z: np.ndarray, plan: Sequence[int]) -> None:
+        """Record one window's naive z-scores and its plan.
 
         Args:
-            imbalanced: The window's verdict.
+            z: Per-rank naive standardised U, shape ``(N,)``.
+            plan: The plan the window ran under.
+        """
+        self.z.append([float(v) for v in np.asarray(z, dtype=np.float64)])
+        self.plans.append(tuple(int(b) for b in plan))
+        if len(self.z) > self.max_windows:
+            del self.z[0], self.plans[0]
+
+    def factor(self, span: int = 1) -> float:
+        """The long-run variance factor of a test pooled over ``span`` windows.
+
+        Args:
+            span: Consecutive windows the test pools.
 
         Returns:
-            True when the imbalance has now held for ``windows`` consecutive windows.
+            The upper-bound factor, ``>= 1``; 1 without enough history.
         """
-        self.count = self.count + 1 if imbalanced else 0
-        return self.count >= self.windows
+        span = max(1, int(span))
+        devs: list[np.ndarray] = []
+        df = 0
+        start = 0
+        for i in range(1, len(self.plans) + 1):
+            if i < len(self.plans) and self.plans[i] == self.plans[start]:
+                continue
+            seg = np.asarray(self.z[start:i])  # (W, N): one plan's windows
+            start = i
+            w, n = seg.shape
+            if w < span + 1:
+                continue
+            c = np.cumsum(np.vstack([np.zeros(n), seg]), axis=0)
+            sums = (c[span:] - c[:-span]) / math.sqrt(span)  # (W - span + 1, N), overlapping
+            m = sums.shape[0]
+            # centred on each rank's median, scaled so that the deviations' variance is the
+            # sums' variance (the centring removes 1 / m of it)
+            devs.append(
+                (sums - np.median(sums, axis=0, keepdims=True)).ravel() * math.sqrt(m / (m - 1))
+            )
+            df += n * max(1, w // span - 1)  # the independent batches behind those sums
+        if df < self.min_df or not devs:
+            return 1.0
+        d = np.concatenate(devs)
+        # A robust scale (median absolute deviation): a rank whose speed changed inside a plan
+        # (a straggler starting) is a level shift in a minority of ranks, not noise, and must
+        # not inflate the factor for everyone. Its efficiency is about 37% of the variance's.
+        f = float((1.4826 * np.median(np.abs(d))) ** 2)
+        if f <= 0:
+            return 1.0
+        if self.confidence > 0:
+            df_eff = max(1.0, 0.37 * df)
+            f *= df_eff / float(stats.chi2.ppf(1.0 - self.confidence, df_eff))
+        return max(1.0, f)
 
-    def reset(self) -> None:
-        """Forget the run of imbalanced windows (after a plan change)."""
-        self.count = 0
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {"z": [list(r) for r in self.z], "plans": [list(p) for p in self.plans]}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (checked by the owner).
+
+        Args:
+            d: The state.
+        """
+        self.z = [[float(v) for v in r] for r in d["z"]][-self.max_windows :]
+        self.plans = [tuple(int(b) for b in p) for p in d["plans"]][-self.max_windows :]

@@ -1,0 +1,154 @@
+"""Non-inferiority of a new plan: keep it only when the data show it is not materially slower.
+
+After a change, the synchronous step times under the new plan (one window) are compared with
+a baseline measured under the old plan. The statistic is the difference of the mean log step
+times, ``d = mean(log new) - mean(log base)`` (the log of the ratio of geometric means: a
+spike of ``x3`` moves it by ``log 3 / K``, not ``2 / K``), with a standard error from each
+series' long-run variance (Newey-West, Bartlett weights, Andrews' plug-in bandwidth),
+optionally floored by a factor from the windows before, since one window cannot see slow
+autocorrelation. The new plan is **non-inferior** when the one-sided upper confidence bound
+
+    d + t_{confidence, df} * se  <=  log(1 + margin)
+
+holds: the data show, at the configured confidence, that it is not slower by more than the
+margin. Otherwise it is rolled back. This is the test of a non-inferiority trial (Wellek,
+*Testing Statistical Hypotheses of Equivalence and Noninferiority*, 2nd ed., 2010, ch. 2),
+not "roll back when significantly slower", which keeps a truly 5% slower plan most of the
+time when the noise is large.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["NonInferiority", "long_run_variance", "non_inferiority"]
+
+
+def long_run_variance(x: np.ndarray, bandwidth: int | None = None) -> float:
+    """Newey-West (Bartlett kernel) long-run variance of a series.
+
+    Args:
+        x: The series, shape ``(K,)``.
+        bandwidth: The largest lag; when None, Andrews' (1991) plug-in for an AR(1)
+            approximation, ``ceil(1.1447 (a K)^(1/3))`` with
+            ``a = 4 rho^2 / ((1 - rho)^2 (1 + rho)^2)`` and the lag-1 autocorrelation
+            ``rho`` clipped to ``[0, 0.9]``.
+
+    Returns:
+        ``gamma_0 + 2 sum_{j<=L} (1 - j / (L + 1)) gamma_j``, at least ``gamma_0`` (the
+        variance), 0 for fewer than two samples.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    k = x.size
+    if k < 2:
+        return 0.0
+    c = x - x.mean()
+    g0 = float(c @ c) / k
+    if g0 <= 0:
+        return 0.0
+    if bandwidth is None:
+        rho = min(0.9, max(0.0, float(c[1:] @ c[:-1]) / k / g0))
+        a = 4.0 * rho * rho / ((1.0 - rho) ** 2 * (1.0 + rho) ** 2)
+        bandwidth = math.ceil(1.1447 * (a * k) ** (1.0 / 3.0))
+    lag = max(0, min(int(bandwidth), k - 1))
+    s = g0
+    for j in range(1, lag + 1):
+        s += 2.0 * (1.0 - j / (lag + 1)) * float(c[j:] @ c[:-j]) / k
+    return max(s, g0)
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """The outcome of :func:`non_inferiority`.
+
+    Attributes:
+        ratio: ``exp(d)``, the new plan's geometric-mean step time over the baseline's.
+        upper: The upper confidence bound of the ratio.
+        lower: The lower confidence bound of the ratio: above ``bound``, the new plan is
+            shown to be inferior.
+        bound: ``1 + margin``.
+        non_inferior: ``upper <= bound``: keep the new plan.
+        se: Standard error of ``d``.
+        df: Degrees of freedom of the ``t`` quantile.
+    """
+
+    ratio: float
+    upper: float
+    lower: float
+    bound: float
+    non_inferior: bool
+    se: float
+    df: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return {
+            "ratio": self.ratio,
+            "upper": self.upper,
+            "lower": self.lower,
+            "bound": self.bound,
+            "non_inferior": self.non_inferior,
+            "se": self.se,
+            "df": self.df,
+        }
+
+
+def non_inferiority(
+    new: np.ndarray,
+    base: np.ndarray,
+    *,
+    margin: float = 0.02,
+    confidence: float = 0.95,
+    min_inflation: float = 1.0,
+) -> NonInferiority:
+    """Is the new plan's step time shown to be at most ``1 + margin`` times the baseline's?
+
+    Args:
+        new: Per-step synchronous times under the new plan, seconds, shape ``(K,)``.
+        base: Per-step synchronous times under the old plan (the baseline), shape ``(M,)``.
+        margin: The non-inferiority margin (0.02: not more than 2% slower).
+        confidence: One-sided confidence of the upper bound.
+        min_inflation: A floor under each series' long-run variance factor (its long-run
+            variance over its variance), from earlier windows.
+
+    Returns:
+        The :class:`NonInferiority` verdict.
+
+    Raises:
+        ValueError: If ``margin < 0``, ``confidence`` is not in (0, 1), or a series has fewer
+            than two samples or a non-positive time.
+    """
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    a = np.asarray(new, dtype=np.float64).ravel()
+    b = np.asarray(base, dtype=np.float64).ravel()
+    if a.size < 2 or b.size < 2:
+        raise ValueError("each series needs at least two steps")
+    if a.min() <= 0 or b.min() <= 0:
+        raise ValueError("step times must be positive")
+    la, lb = np.log(a), np.log(b)
+    d = float(la.mean() - lb.mean())
+    va = max(long_run_variance(la), float(la.var()) * min_inflation) / a.size
+    vb = max(long_run_variance(lb), float(lb.var()) * min_inflation) / b.size
+    se = math.sqrt(max(va + vb, 1e-300))
+    # Welch-Satterthwaite degrees of freedom
+    df = (va + vb) ** 2 / (va * va / max(a.size - 1, 1) + vb * vb / max(b.size - 1, 1) + 1e-300)
+    q = float(stats.t.ppf(confidence, max(df, 1.0)))
+    upper = d + q * se
+    bound = 1.0 + float(margin)
+    return NonInferiority(
+        ratio=math.exp(d),
+        upper=math.exp(upper),
+        lower=math.exp(d - q * se),
+        bound=bound,
+        non_inferior=bool(upper <= math.log(bound)),
+        se=se,
+        df=float(df),
+    )
