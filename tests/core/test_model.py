@@ -1,9 +1,7 @@
 import json
 
 import numpy as np
-import torch
 
-from lightning_rex.core.kernels import SplineKernel
 from lightning_rex.core.model import RankTimeModel
 
 
@@ -36,32 +34,6 @@ def test_recovers_affine_curves_and_tightens():
     np.testing.assert_allclose(s["rate"], rates, rtol=0.1)
     np.testing.assert_allclose(m.predict((70, 90, 140)), affine((70, 90, 140), a, rates), rtol=0.02)
     assert sds[-1] < sds[0]
-
-
-def test_closed_form_equals_gp_posterior():
-    """With the affine part pinned, the batched regression is exactly the spline-kernel GP."""
-    m = RankTimeModel(2, 100, 99, overhead_prior_sd=1e-9, slope_prior_sd=1e-9, memory=1e9)
-    rng = np.random.default_rng(1)
-    plans = [(50, 50), (30, 70), (70, 30), (40, 60)]
-    for p in plans:
-        m.add(p, np.array([0.01, 0.02]) * (1 + rng.normal(0, 0.05, 2)), 1e-3)
-    grid = np.arange(1, 100)
-    mean, sd = m.predict_grid(grid, var_points=99)
-    s2 = m.outputscale
-    k = SplineKernel(m.kernel.num_basis)
-    for r in range(2):
-        b = torch.tensor([p[r] for p in plans], dtype=torch.float64)
-        y = torch.tensor([row[r] for row in m.medians], dtype=torch.float64) / m.scale[r]
-        prior = b / m.b_ref / m.first_u[r]
-        kxx = s2 * k(b.unsqueeze(-1) / 99).to_dense() + 1e-3 * torch.eye(4, dtype=torch.float64)
-        g = torch.tensor(grid, dtype=torch.float64)
-        ksx = s2 * k(g.unsqueeze(-1) / 99, b.unsqueeze(-1) / 99).to_dense()
-        post = g / m.b_ref / m.first_u[r] + ksx @ torch.linalg.solve(kxx, y - prior)
-        var = s2 - (ksx * torch.linalg.solve(kxx, ksx.T).T).sum(-1)
-        np.testing.assert_allclose(mean[r] / m.scale[r], post.numpy(), rtol=1e-6, atol=1e-9)
-        np.testing.assert_allclose(
-            sd[r] / m.scale[r], var.clamp_min(0).sqrt().numpy(), rtol=1e-4, atol=1e-7
-        )
 
 
 def test_fit_hyperparameters_with_botorch_and_state_round_trip():

@@ -183,7 +183,9 @@ class Controller:
             its own for the flagged rank.
         ending_alpha: Level of the veto that calls an imbalance transient when it ends (or
             starts) inside the latest window (see ``ending_p_value``).
-        min_gain: Smallest predicted relative step-time gain worth a proposal.
+        min_gain: Smallest predicted relative step-time gain worth a proposal; twice this
+            after a rollback, until a plan is accepted (a gain the validation could not
+            confirm is not proposed again and again).
         margin: Non-inferiority margin: a new plan is kept only when the data show, at
             ``validation_confidence``, that it is not slower than the old by more than this
             fraction (:func:`~lightning_rex.core.validation.non_inferiority`).
@@ -211,13 +213,13 @@ class Controller:
         initial_plan: Sequence[int] | None = None,
         consistency: float = 0.01,
         ending_alpha: float = 0.05,
-        min_gain: float = 0.01,
+        min_gain: float = 0.02,
         margin: float = 0.02,
         validation_confidence: float = 0.95,
         tolerance: float = 0.10,
         explore: float = 0.5,
         explore_slack: float = 0.03,
-        num_basis: int = 10,
+        num_basis: int = 16,
         memory: float = 12.0,
     ) -> None:
         if not 0 < alpha < 1:
@@ -269,6 +271,7 @@ class Controller:
         self._changed = False
         # per-step times of the windows measured so far under a plan being validated
         self._trial: list[list[float]] = []
+        self._rolled_back = False
         self._reference: list[float] | None = None
         self._fitted_at = -1
         self._history = WindowHistory()
@@ -428,6 +431,7 @@ class Controller:
         moved = [r for r in flagged if gap[r] > thr]
         self._changed = bool(moved)
         if moved:
+            self._rolled_back = False  # a new cluster: gains are worth proposing again
             self.model.forget(moved, keep_last=len(self._recent))
 
     def _persistent(self, need: int) -> list[int]:
@@ -498,17 +502,18 @@ class Controller:
         level = float(np.maximum.accumulate(mean, axis=1)[rows, cur - 1].max())
 
         def optimistic(sizes: np.ndarray) -> np.ndarray:
-            m, s = self.model.predict_grid(sizes)
-            return np.asarray(m - kappa * s)
+            return self.model.predict_grid(sizes, kappa)[1]
 
         g = int(self._hi.max())
         if not self._violates_bounds(self._plan):
             g = size_horizon(optimistic, level, self._lo, self._hi, self._plan, self.global_batch)
         hi = np.minimum(self._hi, g)
-        mean, sd = self.model.predict_grid(np.arange(1, g + 1))
+        # The acquisition is the posterior's optimistic quantile (BoTorch's), and
+        # water-filling is its inner optimiser: the plan minimising the slowest rank's quantile.
+        mean, quantile = self.model.predict_grid(np.arange(1, g + 1), kappa)
         greedy = water_fill(mean, self.global_batch, self._lo, hi)
         pred_greedy = float(mean[rows, np.asarray(greedy) - 1].max())
-        plan = water_fill(mean - kappa * sd, self.global_batch, self._lo, hi)
+        plan = water_fill(quantile, self.global_batch, self._lo, hi)
         pred_new = float(mean[rows, np.asarray(plan) - 1].max())
         # Optimism, not recklessness: explore only where the posterior mean of the exploring
         # plan stays within `explore_slack` of the best mean plan.
@@ -527,8 +532,9 @@ class Controller:
     ) -> Decision:
         if plan is None:
             plan, pred_new, pred_cur = self._best_plan()
-            if not force and (plan == self._plan or pred_new > pred_cur * (1.0 - self.min_gain)):
-                why = f"{reason}; no plan predicted {self.min_gain:.0%} faster"
+            gain = self.min_gain * (2.0 if self._rolled_back else 1.0)
+            if not force and (plan == self._plan or pred_new > pred_cur * (1.0 - gain)):
+                why = f"{reason}; no plan predicted {gain:.0%} faster"
                 return decide("hold", None, why)
         else:
             pred_new = float(self.model.predict(plan).max())
@@ -628,9 +634,11 @@ class Controller:
             self._plan, self._pending, self._previous = back, None, None
             self._state = "rolling_back"
             self._recent, self._before = [], []
+            self._rolled_back = True
             return decide("rollback", back, why, predicted)
         self._pending, self._previous = None, None
         self._state = "steady"
+        self._rolled_back = False
         self._reference = window.medians.tolist()
         accepted = f"non-inferior (x{ratio:.3f} vs before)"
         if sig.imbalanced and ratio < 1.0:
@@ -664,6 +672,7 @@ class Controller:
             "history": self._history.state_dict(),
             "before": self._before,
             "trial": self._trial,
+            "rolled_back": self._rolled_back,
             "changed": self._changed,
             "min_size": self.min_size,
             "max_sizes": self.max_sizes,
@@ -727,6 +736,7 @@ class Controller:
         out["before"] = matrix(d.get("before", []), f"{name}.before", None, None, True)
         out["changed"] = bool(d.get("changed", False))
         out["trial"] = matrix(d.get("trial", []), f"{name}.trial", None, None, True)
+        out["rolled_back"] = bool(d.get("rolled_back", False))
         hist = d.get("history", {"z": [], "plans": []})  # absent in checkpoints before 0.4
         if not isinstance(hist, dict):
             raise StateError(f"{name}.history", "must be a mapping")
@@ -779,6 +789,7 @@ class Controller:
         self.windows_seen = c["windows_seen"]
         self._history.load_state_dict(c["history"])
         self._before, self._changed, self._trial = c["before"], c["changed"], c["trial"]
+        self._rolled_back = c["rolled_back"]
         self.model.load_state_dict(c["model"])
 
 

@@ -7,6 +7,10 @@ which makes the prior variance largest at the boundary and drives acquisitions t
 normalization ``k(x, x) = 1`` everywhere. Wrap it in :class:`gpytorch.kernels.ScaleKernel`
 for a learned scale (the ``W = s^2 I`` of ``phi^T W phi``).
 
+With ``log_scale=True`` the B-splines live on ``log x`` over ``[log lower, log upper]``: the
+knots are spaced by a constant *ratio* of batch sizes, so a knee at 24 samples and a memory
+wall at 240 get the same resolution.
+
 The features are differentiable in ``x`` (Cox-de Boor recursion in torch), so acquisition
 functions can be optimised by gradient. :meth:`SplineKernel.features` is public because the
 rank time model uses the same feature map for closed-form Bayesian linear regression.
@@ -14,6 +18,7 @@ rank time model uses the same feature map for closed-form Bayesian linear regres
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gpytorch
@@ -69,15 +74,23 @@ class SplineKernel(gpytorch.kernels.Kernel):
         num_basis: Number of B-spline basis functions (>= 4); more captures sharper knees.
         lower: Left end of the input domain (inputs are normalized batch sizes, so 0).
         upper: Right end of the input domain (1).
+        log_scale: Place the B-splines on ``log x`` (then ``lower`` must be positive).
         **kwargs: Passed to :class:`gpytorch.kernels.Kernel` (e.g. ``batch_shape``).
     """
 
     has_lengthscale = False
 
     def __init__(
-        self, num_basis: int = 10, lower: float = 0.0, upper: float = 1.0, **kwargs: Any
+        self,
+        num_basis: int = 10,
+        lower: float = 0.0,
+        upper: float = 1.0,
+        log_scale: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if log_scale and not lower > 0:
+            raise ValueError(f"log_scale needs lower > 0, got {lower}")
         if num_basis < 4:
             raise ValueError(f"num_basis must be >= 4 for cubic splines, got {num_basis}")
         if not upper > lower:
@@ -85,6 +98,7 @@ class SplineKernel(gpytorch.kernels.Kernel):
         self.num_basis = int(num_basis)
         self.lower = float(lower)
         self.upper = float(upper)
+        self.log_scale = bool(log_scale)
         self._cache: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,7 +126,11 @@ class SplineKernel(gpytorch.kernels.Kernel):
             )
             if same:
                 return feats
-        phi = bspline_basis(x, self.num_basis, self.lower, self.upper)
+        if self.log_scale:
+            u = torch.log(x.clamp_min(self.lower))
+            phi = bspline_basis(u, self.num_basis, math.log(self.lower), math.log(self.upper))
+        else:
+            phi = bspline_basis(x, self.num_basis, self.lower, self.upper)
         out = phi / phi.norm(dim=-1, keepdim=True)
         if cacheable:
             self._cache = (x, x._version, out)

@@ -2,9 +2,15 @@
 
 Every rank's compute time for micro-batch ``b`` is modelled as
 
-    t_r(b) = a_r + b / rate_r + f_r(x),   x = b / b_max,   f_r ~ GP(0, s^2 k_spline)
+    t_r(b) = a_r + b / rate_r + f_r(b),   f_r ~ GP(0, s^2 k_spline)
 
-where ``k_spline`` is :class:`~lightning_rex.core.kernels.SplineKernel`. Compute time is
+where ``k_spline`` is :class:`~lightning_rex.core.kernels.SplineKernel` on a log scale over
+the sizes a rank can plausibly get, ``[b_ref / 16, 16 b_ref]`` clipped to ``[1, b_max]``
+(``b_ref = B / N``): knots a constant ratio apart (1.4x with 16 basis functions), so a knee
+at 24 samples and a memory wall at 250 are both resolved whatever ``B``. (Over
+``[0, B - N + 1]`` at 64 ranks the knots were 576 samples apart and every size in play sat
+in the first interval.) Beyond the domain the spline is flat and the affine part
+extrapolates. Compute time is
 affine, not proportional, in ``b`` (``a_r = 0`` is the proportional model of LBB and BOA);
 the GP residual captures the knee of an under-filled GPU and the memory wall.
 
@@ -37,6 +43,7 @@ import numpy as np
 import torch
 
 from lightning_rex.core.kernels import SplineKernel
+from lightning_rex.core.posterior import SplineAffineModel, optimistic_quantile
 from lightning_rex.core.state import (
     StateError,
     field,
@@ -51,6 +58,8 @@ from lightning_rex.core.state import (
 __all__ = ["RankTimeModel"]
 
 _DT = torch.float64
+_REACH = 16.0
+"""The spline domain spans sizes from ``b_ref / _REACH`` to ``b_ref * _REACH``."""
 
 
 class RankTimeModel:
@@ -59,7 +68,7 @@ class RankTimeModel:
     Args:
         world_size: The number of ranks ``N``.
         global_batch: The global batch ``B``; ``b_ref = B / N`` normalizes the affine term.
-        b_max: The largest micro-batch any rank may get; the spline domain is ``[0, b_max]``.
+        b_max: The largest micro-batch any rank may get (it bounds the spline domain).
         num_basis: Number of spline basis functions.
         outputscale: Initial residual variance ``s^2`` in relative units.
         overhead_prior_sd: Prior standard deviation of the relative overhead ``a``.
@@ -78,7 +87,7 @@ class RankTimeModel:
         global_batch: int,
         b_max: int,
         *,
-        num_basis: int = 10,
+        num_basis: int = 16,
         outputscale: float = 0.02**2,
         overhead_prior_sd: float = 0.3,
         slope_prior_sd: float = 0.5,
@@ -95,7 +104,9 @@ class RankTimeModel:
         self.world_size = int(world_size)
         self.b_ref = float(global_batch) / world_size
         self.b_max = int(b_max)
-        self.kernel = SplineKernel(num_basis)
+        lower = max(1.0, self.b_ref / _REACH)
+        upper = max(min(float(self.b_max), self.b_ref * _REACH), lower * 2.0)
+        self.kernel = SplineKernel(num_basis, lower, upper, log_scale=True)
         self.outputscale = float(outputscale)
         self.overhead_prior_sd = float(overhead_prior_sd)
         self.slope_prior_sd = float(slope_prior_sd)
@@ -155,7 +166,7 @@ class RankTimeModel:
 
     def _features(self, b: torch.Tensor) -> torch.Tensor:
         u = b / self.b_ref
-        phi = self.kernel.features((b / self.b_max).unsqueeze(-1))
+        phi = self.kernel.features(b.unsqueeze(-1))
         return torch.cat([torch.ones_like(u).unsqueeze(-1), u.unsqueeze(-1), phi], dim=-1)
 
     def _prior(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,57 +210,78 @@ class RankTimeModel:
         return self._post
 
     # ------------------------------------------------------------- predict
+    def posterior_model(self) -> SplineAffineModel:
+        """The current posterior as a BoTorch model (see :mod:`lightning_rex.core.posterior`).
+
+        A rank whose fitted slope is not positive (a change it has not yet been told about,
+        or too little spread in its sizes) would offer "free" capacity to the planner: it
+        falls back to the proportional model through its latest observation, with no claimed
+        certainty, since compute time never falls as the batch grows.
+
+        Returns:
+            The :class:`SplineAffineModel`, in seconds.
+
+        Raises:
+            RuntimeError: Before the first observation.
+        """
+        if self.scale is None:
+            raise RuntimeError("the model has no observations yet")
+        mu, cov = self._posterior()
+        root = torch.linalg.cholesky(cov)
+        bad = mu[:, 1] <= 0
+        if bool(bad.any()):
+            mu, root = mu.clone(), root.clone()
+            last_b = torch.as_tensor(self.sizes[-1], dtype=_DT)[bad]
+            last_y = (
+                torch.as_tensor(self.medians[-1], dtype=_DT)[bad]
+                / torch.as_tensor(self.scale, dtype=_DT)[bad]
+            )
+            mu[bad] = 0.0
+            mu[bad, 1] = last_y * self.b_ref / last_b
+            root[bad] = 0.0
+        return SplineAffineModel(mu, root, self._features, torch.as_tensor(self.scale, dtype=_DT))
+
     def predict_grid(
-        self, sizes: np.ndarray, var_points: int = 96
+        self, sizes: np.ndarray, kappa: float = 0.0, var_points: int = 96
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and standard deviation of every rank's time on a size grid.
+        """Posterior mean and optimistic quantile of every rank's time on a size grid.
+
+        Both are read from :meth:`posterior_model`'s ``posterior()``; the quantile is
+        BoTorch's (:func:`~lightning_rex.core.posterior.optimistic_quantile`).
 
         Args:
             sizes: Increasing micro-batch sizes, shape ``(G,)``.
-            var_points: The variance is computed on at most this many grid points and
-                linearly interpolated in between (it is smooth), to bound the cost.
+            kappa: Standard deviations of the quantile below the mean (0: the mean).
+            var_points: The quantile's distance from the mean is computed on at most this
+                many grid points and linearly interpolated in between (it is smooth), so
+                that no ``N x G x D`` array is built on a long grid.
 
         Returns:
-            ``(mean, sd)``, both shape ``(N, G)`` in seconds.
+            ``(mean, quantile)``, both shape ``(N, G)`` in seconds.
         """
-        assert self.scale is not None
-        mu, cov = self._posterior()
+        model = self.posterior_model()
         grid = torch.as_tensor(np.asarray(sizes, dtype=np.float64))
-        feats = self._features(grid)  # (G, D)
-        mean = (mu @ feats.T).numpy()
+        mean = model.posterior(grid.unsqueeze(-1)).mean.squeeze(-1).numpy()
+        if kappa <= 0:
+            return mean, mean.copy()
         g = grid.numel()
         idx = np.unique(np.linspace(0, g - 1, min(g, var_points)).round().astype(np.int64))
-        fc = feats[idx]
-        d = fc.shape[-1]
-        outer = (fc.unsqueeze(-1) * fc.unsqueeze(-2)).reshape(len(idx), d * d)
-        var_c = (cov.reshape(self.world_size, d * d) @ outer.T).clamp_min(0.0).numpy()
+        post = model.posterior(grid[idx].unsqueeze(-1))
+        gap_c = (post.mean.squeeze(-1) - optimistic_quantile(post, kappa)).numpy()
         if len(idx) < g:  # linear interpolation between the computed points, all ranks at once
             pos = np.arange(g)
             hi = np.clip(np.searchsorted(idx, pos), 1, len(idx) - 1)
             lo = hi - 1
             w = (pos - idx[lo]) / (idx[hi] - idx[lo])
-            var = var_c[:, lo] * (1.0 - w) + var_c[:, hi] * w
+            gap = gap_c[:, lo] * (1.0 - w) + gap_c[:, hi] * w
         else:
-            var = var_c
-        # Compute time never falls as the batch grows. A rank whose fitted slope is not
-        # positive (a change it has not yet been told about, or too little spread in its sizes)
-        # would offer "free" capacity to the planner; it falls back to the proportional model
-        # through its latest observation, with no claimed certainty.
-        bad = (mu[:, 1] <= 0).numpy()
-        if bad.any():
-            last_b = np.asarray(self.sizes[-1], dtype=np.float64)[bad]
-            last_y = np.asarray(self.medians[-1])[bad] / self.scale[bad]
-            mean[bad] = last_y[:, None] * grid.numpy()[None, :] / last_b[:, None]
-            var[bad] = 0.0
-        s = self.scale[:, None]
-        return mean * s, np.sqrt(var) * s
+            gap = gap_c
+        return mean, mean - gap
 
     def predict(self, plan: tuple[int, ...]) -> np.ndarray:
         """Posterior mean time of every rank at its size in ``plan``, seconds, shape (N,)."""
-        assert self.scale is not None
-        mu, _ = self._posterior()
-        feats = self._features(torch.as_tensor(np.asarray(plan, dtype=np.float64)))
-        return (mu * feats).sum(-1).numpy() * self.scale
+        x = torch.as_tensor(np.asarray(plan, dtype=np.float64)).reshape(-1, 1, 1)
+        return self.posterior_model().posterior(x).mean.reshape(-1).numpy()
 
     def summary(self) -> dict[str, list[float]]:
         """Fitted per-rank affine parts: ``overhead_s`` (a_r) and ``rate`` (samples/s).
@@ -292,12 +324,15 @@ class RankTimeModel:
         if bool((bs.max(dim=1).values == bs.min(dim=1).values).all()):
             return self.outputscale
         shape = torch.Size([n_sub])
-        x = (bs / self.b_max).unsqueeze(-1)
+        x = bs.unsqueeze(-1)
+        k = self.kernel
         gp = SingleTaskGP(
             x,
             y[sub].unsqueeze(-1),
             train_Yvar=v[sub].unsqueeze(-1).clone(),
-            covar_module=ScaleKernel(SplineKernel(self.kernel.num_basis), batch_shape=shape),
+            covar_module=ScaleKernel(
+                SplineKernel(k.num_basis, k.lower, k.upper, log_scale=True), batch_shape=shape
+            ),
             mean_module=LinearMean(1, batch_shape=shape),
             outcome_transform=None,
         )

@@ -1,0 +1,140 @@
+"""The rank time model as a BoTorch :class:`~botorch.models.model.Model`.
+
+:class:`~lightning_rex.core.model.RankTimeModel` computes its posterior in closed form (the
+spline kernel has finite rank, so the GP is Bayesian linear regression on the features
+``[1, b / b_ref, phi(b)]``). :class:`SplineAffineModel` exposes that posterior through
+BoTorch's interface: :meth:`SplineAffineModel.posterior` returns a
+:class:`~botorch.posteriors.gpytorch.GPyTorchPosterior` whose mean and covariance are those
+of the exact GP with kernel ``k(b, b') = p_a + p_s u u' + s^2 phi(b)^T phi(b')`` and prior
+mean ``c0 u`` (``u = b / b_ref``) conditioned on the same data
+(``tests/core/test_posterior.py`` checks this against BoTorch's ``SingleTaskGP`` to 1e-6).
+The covariance is a low-rank :mod:`linear_operator` (``F L (F L)^T``, ``L`` the Cholesky
+factor of the weights' covariance), so a mean over thousands of sizes and ranks never
+materialises a covariance matrix. The planner reads acquisitions from it with BoTorch's
+machinery (:func:`optimistic_quantile`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from botorch.models.model import Model
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from linear_operator.operators import (
+    DenseLinearOperator,
+    DiagLinearOperator,
+    LowRankRootAddedDiagLinearOperator,
+    LowRankRootLinearOperator,
+    MatmulLinearOperator,
+)
+from scipy import stats
+
+__all__ = ["SplineAffineModel", "optimistic_quantile"]
+
+
+class SplineAffineModel(Model):
+    """A batched (one batch member per rank) BoTorch model of every rank's step time.
+
+    Args:
+        weights_mean: Posterior mean of each rank's feature weights, shape ``(N, D)``.
+        weights_root: A root ``L`` of each rank's weight covariance (``L L^T``), ``(N, D, D)``.
+        features: Maps sizes ``(..., G)`` to features ``(..., G, D)``.
+        scale: Each rank's unit (seconds per relative unit), shape ``(N,)``.
+        jitter: Variance added on the diagonal (seconds squared, relative), so that the
+            covariance is positive definite.
+    """
+
+    def __init__(
+        self,
+        weights_mean: torch.Tensor,
+        weights_root: torch.Tensor,
+        features: Callable[[torch.Tensor], torch.Tensor],
+        scale: torch.Tensor,
+        jitter: float = 1e-12,
+    ) -> None:
+        super().__init__()
+        self.weights_mean = weights_mean
+        self.weights_root = weights_root
+        self.features = features
+        self.scale = scale
+        self.jitter = float(jitter)
+
+    @property
+    def num_outputs(self) -> int:
+        """One output: a rank's compute time."""
+        return 1
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """``(N,)``: one batch member per rank."""
+        return torch.Size([self.weights_mean.shape[0]])
+
+    def posterior(
+        self,
+        X: torch.Tensor,
+        output_indices: list[int] | None = None,
+        observation_noise: bool | torch.Tensor = False,
+        posterior_transform: Any = None,
+        **kwargs: Any,
+    ) -> GPyTorchPosterior:
+        """The posterior of every rank's time (seconds) at the sizes ``X``.
+
+        Args:
+            X: Sizes, shape ``(G, 1)`` (the same sizes for every rank) or ``(N, G, 1)``.
+            output_indices: Must be None or ``[0]`` (one output).
+            observation_noise: Not supported (the model predicts the noiseless median).
+            posterior_transform: Not supported; must be None.
+            **kwargs: Ignored.
+
+        Returns:
+            A :class:`GPyTorchPosterior` over a :class:`MultivariateNormal` with batch shape
+            ``(N,)`` and event shape ``(G,)``.
+
+        Raises:
+            NotImplementedError: For observation noise or a posterior transform.
+        """
+        if posterior_transform is not None or observation_noise is not False:
+            raise NotImplementedError("SplineAffineModel predicts noiseless medians only")
+        if output_indices not in (None, [0]):
+            raise NotImplementedError("SplineAffineModel has one output")
+        n = self.weights_mean.shape[0]
+        f = self.features(X.squeeze(-1).to(self.weights_mean.dtype))  # (G, D) or (N, G, D)
+        s = self.scale.unsqueeze(-1)  # (N, 1)
+        if f.dim() == 2:
+            mean = (self.weights_mean @ f.T) * s
+            f = f.expand(n, *f.shape)
+        else:
+            mean = (f * self.weights_mean.unsqueeze(-2)).sum(-1) * s
+        g = f.shape[-2]
+        root = MatmulLinearOperator(
+            DenseLinearOperator(f), DenseLinearOperator(self.weights_root * s.unsqueeze(-1))
+        )
+        eye = torch.full((n, g), self.jitter, dtype=mean.dtype)
+        covar = LowRankRootAddedDiagLinearOperator(
+            LowRankRootLinearOperator(root), DiagLinearOperator(eye)
+        )
+        return GPyTorchPosterior(MultivariateNormal(mean, covar))
+
+
+def optimistic_quantile(posterior: GPyTorchPosterior, kappa: float) -> torch.Tensor:
+    """The lower posterior quantile ``mean - kappa * sd`` through BoTorch's ``quantile``.
+
+    This is the acquisition the planner water-fills: a rank's time at the
+    ``Phi(-kappa)`` quantile, optimistic where the posterior is uncertain (optimism in the
+    face of uncertainty, the lower-confidence-bound rule of GP-UCB for minimisation).
+
+    Args:
+        posterior: A posterior from :meth:`SplineAffineModel.posterior`.
+        kappa: Standard deviations below the mean (0 gives the mean).
+
+    Returns:
+        The quantile, shape ``(N, G)``.
+    """
+    if kappa <= 0:
+        return posterior.mean.squeeze(-1) if posterior.mean.dim() > 2 else posterior.mean
+    q = torch.tensor(float(stats.norm.cdf(-kappa)), dtype=posterior.mean.dtype)
+    out = posterior.quantile(q)
+    return out.squeeze(-1) if out.dim() > 2 else out

@@ -1,0 +1,100 @@
+import numpy as np
+import pytest
+import torch
+from botorch.models import SingleTaskGP
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.kernels import ConstantKernel, LinearKernel, ScaleKernel
+from gpytorch.means import LinearMean
+
+from lightning_rex.core.kernels import SplineKernel
+from lightning_rex.core.model import RankTimeModel
+from lightning_rex.core.posterior import optimistic_quantile
+
+
+def fitted_model():
+    m = RankTimeModel(3, 192, 190, memory=5.0)
+    rng = np.random.default_rng(1)
+    plans = [(64, 64, 64), (40, 70, 82), (90, 50, 52), (30, 100, 62), (70, 60, 62)]
+    rates = np.array([900.0, 1500.0, 2000.0])
+    for p in plans:
+        b = np.asarray(p, dtype=float)
+        knee = np.where(b < 48, 48.0, b)  # under-filled below 48 samples: non-affine
+        m.add(p, (0.004 + knee / rates) * np.exp(rng.normal(0, 0.03, 3)), 2e-3)
+    m.outputscale = 0.05**2
+    return m
+
+
+def botorch_exact_gp(m, r):
+    """BoTorch's SingleTaskGP with the same kernel, prior mean, noise and data as rank r."""
+    b, y, v = m._data()
+    c0 = 1.0 / m.first_u[r]
+    k = m.kernel
+    covar = (
+        ConstantKernel()
+        + LinearKernel()
+        + ScaleKernel(SplineKernel(k.num_basis, k.lower, k.upper, log_scale=True))
+    )
+    covar.kernels[0].constant = torch.tensor(m.overhead_prior_sd**2, dtype=torch.float64)
+    covar.kernels[1].variance = torch.tensor((m.slope_prior_sd * c0 / m.b_ref) ** 2)
+    covar.kernels[2].outputscale = torch.tensor(m.outputscale)
+    mean = LinearMean(1)
+    mean.weights.data.fill_(c0 / m.b_ref)
+    mean.bias.data.fill_(0.0)
+    gp = SingleTaskGP(
+        b[r].unsqueeze(-1),
+        y[r].unsqueeze(-1),
+        train_Yvar=v[r].unsqueeze(-1),
+        covar_module=covar,
+        mean_module=mean,
+        outcome_transform=None,
+    ).to(torch.float64)
+    gp.eval()
+    return gp
+
+
+def test_posterior_equals_botorch_exact_gp():
+    """The closed form inside SplineAffineModel is the exact GP: the mean agrees with
+    SingleTaskGP's to 1e-6 relative and the variance to 1e-6 relative or 1e-9 absolute,
+    on sizes 1 to 190."""
+    m = fitted_model()
+    model = m.posterior_model()
+    grid = torch.arange(1, 191, dtype=torch.float64).unsqueeze(-1)
+    post = model.posterior(grid)
+    assert isinstance(post, GPyTorchPosterior)
+    assert post.mean.shape == (3, 190, 1)
+    for r in range(3):
+        gp = botorch_exact_gp(m, r)
+        with torch.no_grad():
+            ref = gp.posterior(grid)
+        ours_mean = post.mean[r, :, 0].detach() / m.scale[r]
+        ours_var = post.variance[r, :, 0].detach() / m.scale[r] ** 2
+        np.testing.assert_allclose(ours_mean.numpy(), ref.mean[:, 0].numpy(), rtol=1e-6)
+        # the smallest variances differ by ~1e-9 absolute (GPyTorch's solves)
+        np.testing.assert_allclose(
+            ours_var.numpy(), ref.variance[:, 0].numpy(), rtol=1e-6, atol=1e-9
+        )
+
+
+def test_quantile_is_botorchs_and_grid_prediction_reads_the_posterior():
+    m = fitted_model()
+    post = m.posterior_model().posterior(torch.arange(1.0, 191.0).unsqueeze(-1))
+    q = optimistic_quantile(post, 1.5)
+    sd = post.variance.squeeze(-1).sqrt()
+    np.testing.assert_allclose(q.numpy(), (post.mean.squeeze(-1) - 1.5 * sd).numpy(), rtol=1e-9)
+    assert torch.equal(optimistic_quantile(post, 0.0), post.mean.squeeze(-1))
+    mean, quant = m.predict_grid(np.arange(1, 191), kappa=1.5, var_points=190)
+    np.testing.assert_allclose(mean, post.mean.squeeze(-1).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(quant, q.numpy(), rtol=1e-9)
+    np.testing.assert_allclose(m.predict((64, 64, 64)), mean[:, 63], rtol=1e-12)
+
+
+def test_posterior_model_refuses_what_it_does_not_model():
+    model = fitted_model().posterior_model()
+    x = torch.ones(2, 1)
+    with pytest.raises(NotImplementedError):
+        model.posterior(x, observation_noise=True)
+    with pytest.raises(NotImplementedError):
+        model.posterior(x, output_indices=[1])
+    assert model.num_outputs == 1 and model.batch_shape == torch.Size([3])
+    with pytest.raises(RuntimeError, match="no observations"):
+        RankTimeModel(2, 10, 9).posterior_model()
