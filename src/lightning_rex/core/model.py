@@ -94,7 +94,7 @@ class RankTimeModel:
         memory: float = 12.0,
         max_history: int = 48,
         fit_ranks: int = 8,
-        fit_windows: int = 24,
+        fit_windows: int = 48,
         seed: int = 0,
     ) -> None:
         if world_size < 1:
@@ -311,6 +311,7 @@ class RankTimeModel:
             return self.outputscale
         from botorch.fit import fit_gpytorch_mll
         from botorch.models import SingleTaskGP
+        from botorch.optim.closures import get_loss_closure_with_grads
         from gpytorch.kernels import ScaleKernel
         from gpytorch.means import LinearMean
         from gpytorch.mlls import ExactMarginalLogLikelihood
@@ -326,24 +327,42 @@ class RankTimeModel:
         shape = torch.Size([n_sub])
         x = bs.unsqueeze(-1)
         k = self.kernel
+        mean = LinearMean(1, batch_shape=shape)
+        covar = ScaleKernel(SplineKernel(k.num_basis, k.lower, k.upper, log_scale=True))
+        # Deterministic starting point (LinearMean draws its initial weights at random): each
+        # rank's affine fit through its data, and the scale in use.
+        with torch.no_grad():
+            design = torch.stack([torch.ones_like(bs), bs], dim=-1)  # (n_sub, W, 2)
+            coef = torch.linalg.lstsq(design, y[sub].unsqueeze(-1)).solution.squeeze(-1)
+            mean.bias.copy_(coef[:, :1])
+            mean.weights.copy_(coef[:, 1:].unsqueeze(-1))
+            covar.outputscale = torch.as_tensor(max(self.outputscale, 1e-4), dtype=_DT)
         gp = SingleTaskGP(
             x,
             y[sub].unsqueeze(-1),
             train_Yvar=v[sub].unsqueeze(-1).clone(),
-            covar_module=ScaleKernel(
-                SplineKernel(k.num_basis, k.lower, k.upper, log_scale=True), batch_shape=shape
-            ),
-            mean_module=LinearMean(1, batch_shape=shape),
+            # one residual scale shared by the subset (the sum of the ranks' marginal
+            # likelihoods): a rank measured at two sizes has no evidence of curvature, and
+            # per-rank scales left its median at the floor while others saw a knee
+            covar_module=covar,
+            mean_module=mean,
             outcome_transform=None,
         )
         mll = ExactMarginalLogLikelihood(gp.likelihood, gp)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed + self.n_fits)
             try:
-                fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 60}})
+                # one loss (the sum over the subset) for the shared scale: BoTorch's own
+                # closure, which also keeps it off its per-batch-member independent fits
+                params = {n: p for n, p in mll.named_parameters() if p.requires_grad}
+                fit_gpytorch_mll(
+                    mll,
+                    closure=get_loss_closure_with_grads(mll, params),
+                    optimizer_kwargs={"options": {"maxiter": 100}},
+                )
             except Exception:  # keep the previous scale if BoTorch cannot fit
                 return self.outputscale
-        scale = float(gp.covar_module.outputscale.detach().median())
+        scale = float(gp.covar_module.outputscale.detach())
         self.outputscale = float(min(max(scale, 1e-6), 0.25))
         self._post = None
         return self.outputscale
