@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from lightning_rex.core.model import RankTimeModel
 
@@ -78,3 +79,90 @@ def test_scales_to_4096_ranks():
     # its speed is a benchmark: simulate --scenario mixed-4096 reports decision latency
     mean, sd = m.predict_grid(np.arange(1, 641))
     assert mean.shape == (n, 640) and np.isfinite(sd).all()
+
+
+def curve_model(curve, sizes, n=2, reps=3, seed=0):
+    """A model fitted on windows where every rank runs ``curve`` at each of ``sizes``."""
+    m = RankTimeModel(n, 64 * n, 64 * n - n + 1, seed=seed)
+    rng = np.random.default_rng(seed)
+    for _ in range(reps):
+        for b in sizes:
+            plan = (int(b),) + (64 * n - int(b),) * (n > 1)
+            if n > 2:
+                plan = (int(b),) * (n - 1) + (64 * n - int(b) * (n - 1),)
+            med = np.array([curve(p) for p in plan]) * np.exp(rng.normal(0, 0.01, n))
+            m.add(plan, med, 1e-4)
+    m.fit_hyperparameters()
+    return m
+
+
+def test_spline_recovers_a_knee():
+    """An under-filled GPU: flat below 24 samples, affine above. An affine fit would put the
+    time at 8 samples far below the truth; with the fitted spline residual the posterior mean
+    stays within 10% of it over the sizes measured, and the knee (the hinge that best fits the
+    posterior mean) lies within one knot ratio of 24 (1.53x: 16 basis functions over
+    b_ref/16..16 b_ref, clipped here to 4..127)."""
+    true = lambda b: 0.004 + 0.0005 * max(b, 24)  # noqa: E731
+    sizes = [8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96]
+    m = curve_model(true, sizes, n=2)
+    assert m.outputscale > 1e-4  # the residual acts: well above its 1e-6 floor
+    grid = np.arange(8, 97)  # the sizes measured
+    mean, _ = m.predict_grid(grid)
+    rel = mean[0] / np.array([true(b) for b in grid])
+    assert np.abs(rel - 1).max() < 0.10
+
+    # the knee of the posterior mean: the c whose hinge a + s * max(b, c) fits it best
+    def misfit(c):
+        x = np.stack([np.ones_like(grid), np.maximum(grid, c)], axis=1).astype(float)
+        coef = np.linalg.lstsq(x, mean[0], rcond=None)[0]
+        return float(np.sum((x @ coef - mean[0]) ** 2))
+
+    knee = min(range(8, 80), key=misfit)
+    assert 24 / 1.53 <= knee <= 24 * 1.53
+
+
+def test_spline_recovers_a_staircase_edge():
+    """A tile edge: time jumps 30% past 64 samples. A cubic spline cannot jump; it places
+    the rise within one knot ratio (1.53x) of the edge, and is within 8% of the truth at
+    sizes at least one knot interval away from it."""
+    true = lambda b: 0.01 * (1.3 if b > 64 else 1.0) + 0.0001 * b  # noqa: E731
+    sizes = [16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128]
+    m = curve_model(true, sizes, n=2)
+    assert m.outputscale > 1e-4
+    grid = np.arange(16, 129)
+    mean, _ = m.predict_grid(grid)
+    slope = np.gradient(mean[0], grid)
+    edge = grid[np.argmax(slope)]
+    assert 64 / 1.53 <= edge <= 64 * 1.53
+    far = (grid <= 64 / 1.53) | (grid >= 64 * 1.53)
+    rel = mean[0] / np.array([true(b) for b in grid])
+    assert np.abs(rel[far] - 1).max() < 0.08
+
+
+def test_device_groups_pool_evidence_and_a_changed_rank_leaves():
+    """64 ranks of two device types: pooled, each rank's prediction is its group's, and the
+    worst rank's error is several times smaller than with one curve per rank."""
+    n, rng = 64, np.random.default_rng(4)
+    kind = np.arange(n) % 2
+    rate = np.where(kind == 0, 3000.0, 1000.0)
+    labels = ["A100" if k == 0 else "T4" for k in kind]
+    errs = {}
+    for groups in (None, labels):
+        m = RankTimeModel(n, 64 * n, 64 * n - n + 1, groups=groups)
+        for plan in ([64] * n, list(np.where(kind == 0, 96, 32))):
+            for _ in range(3):
+                med = (0.002 + np.asarray(plan) / rate) * np.exp(rng.normal(0, 0.05, n))
+                m.add(tuple(int(b) for b in plan), med, 0.05**2 / 30)
+        pred = m.predict(tuple([80] * n))
+        errs[groups is None] = np.abs(pred / (0.002 + 80 / rate) - 1).max()
+        if groups is not None:
+            assert np.allclose(pred[kind == 0], pred[0]) and np.allclose(pred[kind == 1], pred[1])
+            m.forget([2], keep_last=1)
+            assert m.group[2] == 2 and m.group[4] == 0
+            d = json.loads(json.dumps(m.state_dict()))
+            m2 = RankTimeModel(n, 64 * n, 64 * n - n + 1, groups=groups)
+            m2.load_state_dict(d)
+            assert list(m2.group) == list(m.group)
+    assert errs[False] * 3 < errs[True]
+    with pytest.raises(ValueError, match="groups must have"):
+        RankTimeModel(4, 64, 61, groups=["a"])

@@ -127,7 +127,7 @@ def run_windows(t, k=30, warm=8, slow_rank=None):
     for w in range(t.shape[1] // k):
         tw = t[:, w * k : (w + 1) * k]
         r = imbalance_test(tw, min_inflation=h.factor(1))
-        h.add(r.z, (1,) * t.shape[0])
+        h.add(r.z, (1,) * t.shape[0], k)
         if w >= warm:
             flagged.append(r.min_p < 0.01)
             naive.append(imbalance_test(tw).min_p < 0.01)

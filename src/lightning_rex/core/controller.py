@@ -197,6 +197,9 @@ class Controller:
             within this fraction of the best posterior-mean plan's; otherwise the latter.
         num_basis: Spline basis functions of the rank time model.
         memory: Age in windows at which old observations' weight has dropped by ``e``.
+        groups: Per-rank device labels (None entries for unlabelled ranks), or None. Ranks
+            with the same label share one time curve until one of them changes speed (see
+            :class:`~lightning_rex.core.model.RankTimeModel`).
     """
 
     def __init__(
@@ -221,6 +224,7 @@ class Controller:
         explore_slack: float = 0.03,
         num_basis: int = 16,
         memory: float = 12.0,
+        groups: Sequence[str | None] | None = None,
     ) -> None:
         if not 0 < alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
@@ -257,6 +261,7 @@ class Controller:
             num_basis=num_basis,
             memory=memory,
             seed=seed,
+            groups=groups,
         )
         self._state: str = "steady"
         self._pending: Plan | None = None
@@ -344,7 +349,7 @@ class Controller:
         sig = imbalance_test(
             window.times, alpha=self.alpha, min_effect=self.min_effect, min_inflation=f_one
         )
-        self._history.add(sig.z, window.plan)
+        self._history.add(sig.z, window.plan, window.n_steps)
         k = window.n_steps
         logs = np.log(window.times)
         rel_var = float(np.median(logs.var(axis=1))) * (math.pi / 2) * sig.inflation / k
@@ -742,13 +747,13 @@ class Controller:
             raise StateError(f"{name}.history", "must be a mapping")
         plans = field(hist, "plans", f"{name}.history")
         if not isinstance(plans, list):
-            raise StateError(f"{name}.history.plans", "must be a list of plans")
+            raise StateError(f"{name}.history.plans", "must be a list of plans and lengths")
         out["history"] = {
             "z": matrix(
                 field(hist, "z", f"{name}.history"), f"{name}.history.z", len(plans), world_size
             ),
-            "plans": [
-                int_list(p, f"{name}.history.plans[{i}]", world_size, 1)
+            "plans": [  # each: the window's plan, then its length
+                int_list(p, f"{name}.history.plans[{i}]", world_size + 1, 0)
                 for i, p in enumerate(plans)
             ],
         }

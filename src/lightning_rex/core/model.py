@@ -37,6 +37,7 @@ the second plan's observations identify the affine part. Old observations are do
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,10 @@ class RankTimeModel:
         fit_ranks: Size of the rank subset for the BoTorch hyperparameter fit.
         fit_windows: The fit uses at most this many of the most recent windows.
         seed: Seed of the subset choice (with the fit count, so refits are reproducible).
+        groups: Per-rank device labels, or None. Ranks with the same label share one curve
+            (their windows are pooled into one posterior, in a common unit), so that at
+            thousands of ranks the plan is not set by the worst of thousands of separate
+            estimation errors. A rank whose speed changes (:meth:`forget`) leaves its group.
     """
 
     def __init__(
@@ -96,6 +101,7 @@ class RankTimeModel:
         fit_ranks: int = 8,
         fit_windows: int = 48,
         seed: int = 0,
+        groups: Sequence[str | None] | None = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -124,6 +130,15 @@ class RankTimeModel:
         self.n_added = 0
         self.cutoff = np.zeros(self.world_size, dtype=np.int64)
         self._post: tuple[torch.Tensor, torch.Tensor] | None = None
+        if groups is not None and len(groups) != self.world_size:
+            raise ValueError(f"groups must have {self.world_size} labels, got {len(groups)}")
+        # group[r]: the index of the rank whose curve rank r shares (itself when alone)
+        labels = [None] * self.world_size if groups is None else list(groups)
+        first: dict[str, int] = {}
+        self.group = np.array(
+            [r if g is None else first.setdefault(str(g), r) for r, g in enumerate(labels)],
+            dtype=np.int64,
+        )
 
     # ----------------------------------------------------------------- data
     @property
@@ -141,8 +156,14 @@ class RankTimeModel:
         """
         med = np.asarray(medians, dtype=np.float64)
         if self.scale is None:
+            # a group's ranks share one unit (their median's), so their relative times are
+            # one curve; a lone rank's unit is its own first median
             self.scale = med.copy()
             self.first_u = np.asarray(plan, dtype=np.float64) / self.b_ref
+            for g in np.unique(self.group):
+                members = self.group == g
+                self.scale[members] = np.median(med[members])
+                self.first_u[members] = np.mean(self.first_u[members])
         self.sizes.append([int(b) for b in plan])
         self.medians.append([float(m) for m in med])
         self.rel_var.append(float(max(rel_var, 1e-8)))
@@ -162,6 +183,8 @@ class RankTimeModel:
             keep_last: How many recent windows still count for them.
         """
         self.cutoff[list(ranks)] = max(0, self.n_added - int(keep_last))
+        # a rank whose speed changed is no longer like its group: it gets its own curve
+        self.group[list(ranks)] = list(ranks)
         self._post = None
 
     def _features(self, b: torch.Tensor) -> torch.Tensor:
@@ -201,8 +224,15 @@ class RankTimeModel:
             phi = self._features(b)  # (N, W, D)
             m0, p0 = self._prior()
             prec = 1.0 / v
-            a = torch.diag_embed(1.0 / p0) + phi.transpose(-1, -2) @ (prec.unsqueeze(-1) * phi)
-            rhs = m0 / p0 + (phi * (prec * y).unsqueeze(-1)).sum(-2)
+            gram = phi.transpose(-1, -2) @ (prec.unsqueeze(-1) * phi)  # (N, D, D)
+            data = (phi * (prec * y).unsqueeze(-1)).sum(-2)  # (N, D)
+            if bool((self.group != np.arange(self.world_size)).any()):
+                # pool each group's evidence into its members: sum over the group, broadcast
+                g = torch.as_tensor(self.group)
+                gram = torch.zeros_like(gram).index_add_(0, g, gram)[g]
+                data = torch.zeros_like(data).index_add_(0, g, data)[g]
+            a = torch.diag_embed(1.0 / p0) + gram
+            rhs = m0 / p0 + data
             chol = torch.linalg.cholesky(a)
             mu = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
             cov = torch.cholesky_inverse(chol)
@@ -380,6 +410,7 @@ class RankTimeModel:
             "rel_var": list(self.rel_var),
             "n_added": self.n_added,
             "cutoff": [int(c) for c in self.cutoff],
+            "group": [int(g) for g in self.group],
         }
 
     @staticmethod
@@ -418,7 +449,12 @@ class RankTimeModel:
             "rel_var": float_list(field(d, "rel_var", name), f"{name}.rel_var", len(sizes), True),
             "n_added": whole(field(d, "n_added", name), f"{name}.n_added", len(sizes)),
             "cutoff": int_list(field(d, "cutoff", name), f"{name}.cutoff", world_size, 0),
+            "group": int_list(
+                d.get("group", list(range(world_size))), f"{name}.group", world_size, 0
+            ),
         }
+        if any(g >= world_size for g in out["group"]):
+            raise StateError(f"{name}.group", f"must index ranks below {world_size}")
         if sizes and out["scale"] is None:
             raise StateError(f"{name}.scale", "must be set once windows are held")
         return out
@@ -443,4 +479,5 @@ class RankTimeModel:
         self.rel_var = c["rel_var"]
         self.n_added = c["n_added"]
         self.cutoff = np.asarray(c["cutoff"], dtype=np.int64)
+        self.group = np.asarray(c["group"], dtype=np.int64)
         self._post = None

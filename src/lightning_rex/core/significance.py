@@ -384,7 +384,8 @@ class WindowHistory:
         min_df: Degrees of freedom below which no estimate is made (the factor is 1).
     """
 
-    def __init__(self, max_windows: int = 24, confidence: float = 0.9, min_df: int = 8) -> None:
+    def __init__(self, max_windows: int = 24, confidence: float = 0.75, min_df: int = 8) -> None:
+        # plans[i] is window i's plan followed by its length: windows are batched by both
         if max_windows < 2:
             raise ValueError(f"max_windows must be >= 2, got {max_windows}")
         self.max_windows = int(max_windows)
@@ -393,15 +394,18 @@ class WindowHistory:
         self.z: list[list[float]] = []
         self.plans: list[tuple[int, ...]] = []
 
-    def add(self, z: np.ndarray, plan: Sequence[int]) -> None:
+    def add(self, z: np.ndarray, plan: Sequence[int], steps: int = 0) -> None:
         """Record one window's naive z-scores and its plan.
 
         Args:
             z: Per-rank naive standardised U, shape ``(N,)``.
             plan: The plan the window ran under.
+            steps: The window's length: windows of another length start a new batch of
+                the same plan (a real imbalance shifts ``z`` by an amount that grows with
+                the square root of the length, which is no noise).
         """
         self.z.append([float(v) for v in np.asarray(z, dtype=np.float64)])
-        self.plans.append(tuple(int(b) for b in plan))
+        self.plans.append((*(int(b) for b in plan), int(steps)))
         if len(self.z) > self.max_windows:
             del self.z[0], self.plans[0]
 
@@ -461,3 +465,4 @@ class WindowHistory:
         """
         self.z = [[float(v) for v in r] for r in d["z"]][-self.max_windows :]
         self.plans = [tuple(int(b) for b in p) for p in d["plans"]][-self.max_windows :]
+        # the last entry of each key is the window's length

@@ -228,7 +228,7 @@ class RexPolicy:
             max_sizes=list(info.max_sizes),
             seed=info.seed,
             initial_plan=info.initial_plan,
-            **self.controller_kwargs,
+            **{"groups": _labels(info.devices), **self.controller_kwargs},
         )
         self.rollbacks = 0
         self.decisions = []
@@ -239,6 +239,11 @@ class RexPolicy:
         self.decisions.append(d)
         self.rollbacks += d.kind == "rollback"
         return d.plan
+
+
+def _labels(devices: tuple[str | None, ...]) -> list[str | None] | None:
+    """Device labels for the controller's pooled model, None when no rank is labelled."""
+    return list(devices) if any(d is not None for d in devices) else None
 
 
 class OraclePolicy:
