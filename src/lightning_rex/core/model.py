@@ -59,8 +59,19 @@ from lightning_rex.core.state import (
 __all__ = ["RankTimeModel"]
 
 _DT = torch.float64
+_MIN_GROUP = 4
+"""Groups smaller than this are not pooled (a member's own windows weigh on its prior)."""
 _REACH = 16.0
 """The spline domain spans sizes from ``b_ref / _REACH`` to ``b_ref * _REACH``."""
+
+
+def _solve(
+    prior_prec: torch.Tensor, prior_rhs: torch.Tensor, gram: torch.Tensor, data: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian posterior of linear weights: precision ``prior_prec + gram``, batched."""
+    chol = torch.linalg.cholesky(prior_prec + gram)
+    mu = torch.cholesky_solve((prior_rhs + data).unsqueeze(-1), chol).squeeze(-1)
+    return mu, torch.cholesky_inverse(chol)
 
 
 class RankTimeModel:
@@ -226,18 +237,54 @@ class RankTimeModel:
             prec = 1.0 / v
             gram = phi.transpose(-1, -2) @ (prec.unsqueeze(-1) * phi)  # (N, D, D)
             data = (phi * (prec * y).unsqueeze(-1)).sum(-2)  # (N, D)
-            if bool((self.group != np.arange(self.world_size)).any()):
-                # pool each group's evidence into its members: sum over the group, broadcast
-                g = torch.as_tensor(self.group)
-                gram = torch.zeros_like(gram).index_add_(0, g, gram)[g]
-                data = torch.zeros_like(data).index_add_(0, g, data)[g]
-            a = torch.diag_embed(1.0 / p0) + gram
-            rhs = m0 / p0 + data
-            chol = torch.linalg.cholesky(a)
-            mu = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
-            cov = torch.cholesky_inverse(chol)
+            prior_prec = torch.diag_embed(1.0 / p0)
+            mu, cov = _solve(prior_prec, m0 / p0, gram, data)
+            g = torch.as_tensor(self.group)
+            ones = torch.ones(self.world_size, dtype=_DT)
+            pooled = (torch.zeros_like(ones).index_add_(0, g, ones)[g] >= _MIN_GROUP).view(-1, 1)
+            if bool(pooled.any()):
+                mu_p, cov_p = self._partial_pool(prior_prec, m0 / p0, gram, data, phi, y, prec, g)
+                mu = torch.where(pooled, mu_p, mu)
+                cov = torch.where(pooled.unsqueeze(-1), cov_p, cov)
             self._post = (mu, cov)
         return self._post
+
+    def _partial_pool(
+        self,
+        prior_prec: torch.Tensor,
+        prior_rhs: torch.Tensor,
+        gram: torch.Tensor,
+        data: torch.Tensor,
+        phi: torch.Tensor,
+        y: torch.Tensor,
+        prec: torch.Tensor,
+        g: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partial pooling within device groups: the group's curve times a shrunk per-rank level.
+
+        The group's posterior comes from all its members' windows. Each member's own level
+        relative to it, the precision-weighted mean of ``log(y / group curve)`` over its
+        windows, is shrunk toward 0 by ``tau^2 / (tau^2 + se^2)``, with ``tau^2`` the spread of
+        the members' levels beyond their noise (method of moments). Identical units follow
+        their group (their levels are noise, ``tau^2`` near 0); a unit that is truly faster
+        than its group (unit-to-unit spread) keeps its own level.
+        """
+        sum_gram = torch.zeros_like(gram).index_add_(0, g, gram)[g]
+        sum_data = torch.zeros_like(data).index_add_(0, g, data)[g]
+        mu_g, cov_g = _solve(prior_prec, prior_rhs, sum_gram, sum_data)
+        fit = (phi * mu_g.unsqueeze(-2)).sum(-1).clamp_min(1e-12)  # (N, W) group curve
+        lr = torch.log(y.clamp_min(1e-12) / fit)
+        w = prec * y * y  # the precision of log y (relative noise)
+        se2 = 1.0 / w.sum(-1)
+        level = (w * lr).sum(-1) * se2  # (N,)
+        n = torch.zeros_like(level).index_add_(0, g, torch.ones_like(level))[g]
+        mean = torch.zeros_like(level).index_add_(0, g, level)[g] / n
+        var = torch.zeros_like(level).index_add_(0, g, (level - mean) ** 2)[g] / (n - 1)
+        noise = torch.zeros_like(level).index_add_(0, g, se2)[g] / n
+        tau2 = (var - noise).clamp_min(0.0)
+        shrunk = mean + (level - mean) * tau2 / (tau2 + se2)
+        f = torch.exp(shrunk)
+        return mu_g * f.unsqueeze(-1), cov_g * (f * f).view(-1, 1, 1)
 
     # ------------------------------------------------------------- predict
     def posterior_model(self) -> SplineAffineModel:
