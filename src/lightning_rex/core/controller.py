@@ -557,16 +557,20 @@ class Controller:
         The windows that triggered the proposal were selected for looking imbalanced, and
         regression to the mean would flatter any change measured against them. So the
         baseline is the (up to ``_BASELINE_WINDOWS``) steady windows under the old plan
-        *before* the trigger. Two exceptions, where those windows do not measure the cluster
-        the new plan runs on: a rank's speed changed (a change point was marked: the
-        windows before it measure the old cluster), or there are none (cold start, a
-        refinement right after a validation). Then the trigger windows are the baseline.
+        *before* the trigger. Exceptions, where those windows do not measure the cluster the
+        new plan runs on: a rank's speed changed (a change point was marked), the step time
+        under the old plan moved by more than the margin between them and the trigger (a
+        drift too slow for a change point), or there are none (cold start, a refinement
+        right after a validation). Then the trigger windows are the baseline.
         """
         before = self._before[: max(0, len(self._before) - trigger)][-_BASELINE_WINDOWS:]
-        if before and not self._changed:
-            return [t for w in before for t in w]
         trig = self._before[-trigger:] if trigger > 0 else []
-        return [t for w in trig for t in w] or window.step_max.tolist()
+        flat_trig = [t for w in trig for t in w] or window.step_max.tolist()
+        if not before or self._changed:
+            return flat_trig
+        flat = [t for w in before for t in w]
+        moved = abs(float(np.mean(np.log(flat_trig)) - np.mean(np.log(flat))))
+        return flat_trig if moved > math.log1p(self.margin) else flat
 
     def try_plan(self, plan: Sequence[int], reason: str = "plan tried from outside") -> None:
         """Apply a plan chosen outside the controller, validated like its own proposals.
