@@ -4,6 +4,7 @@ import re
 
 import numpy as np
 import pytest
+from tests.helpers.noise import ar1_lognormal
 
 from lightning_rex.core.controller import Controller, Decision
 from lightning_rex.core.window import Window
@@ -256,14 +257,8 @@ def test_bounds_tightened_below_the_plan_in_force_plan_inside_them():
 def ar1_window(plan, rng, step, cv=0.10, rho=0.5, factor=1.0, base_s=0.03):
     """Ranks taking ``base_s * factor`` whatever their size, lognormal AR(1) noise (CV ``cv``):
     the plan is a label, and ``factor`` is its true step time relative to the others'."""
-    n, k = len(plan), 30
-    s = np.sqrt(np.log1p(cv * cv))
-    x = np.empty((n, k))
-    x[:, 0] = rng.standard_normal(n) * s
-    e = rng.standard_normal((n, k)) * s * np.sqrt(1 - rho * rho)
-    for j in range(1, k):
-        x[:, j] = rho * x[:, j - 1] + e[:, j]
-    return Window(base_s * factor * np.exp(x), tuple(plan), step, step + k)
+    noise = ar1_lognormal(rng, len(plan), 30, cv, rho) * np.exp(np.log1p(cv * cv) / 2)
+    return Window(base_s * factor * noise, tuple(plan), step, step + 30)
 
 
 def validation_rates(factor, trials=100, steady=5):

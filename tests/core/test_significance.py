@@ -3,19 +3,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
+from tests.helpers.noise import ar1_lognormal
 
 from lightning_rex.core import significance as sig
 from lightning_rex.core.significance import WindowHistory, holm, imbalance_test
-
-
-def ar1_lognormal(rng, n, k, cv, rho):
-    s = np.sqrt(np.log1p(cv * cv))
-    x = np.empty((n, k))
-    x[:, 0] = rng.standard_normal(n) * s
-    e = rng.standard_normal((n, k)) * s * np.sqrt(1 - rho * rho)
-    for j in range(1, k):
-        x[:, j] = rho * x[:, j - 1] + e[:, j]
-    return np.exp(x - s * s / 2)
 
 
 def test_holm_matches_definition():
