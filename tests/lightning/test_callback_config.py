@@ -15,6 +15,7 @@ from tests.helpers.trainer import quiet_trainer
 
 import lightning as L
 from lightning_rex import RexCallback, RexStrategy
+from lightning_rex.core.schedule import SizeBounds
 from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound, throttled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,3 +180,16 @@ def test_throttle_reasons() -> None:
     assert throttled({"throttle_reasons": ["hw_thermal_slowdown"]})
     assert not throttled({"throttle_reasons": ["gpu_idle"]})
     assert not throttled(None)
+
+
+def test_pool_by_device_passes_the_gathered_device_keys_to_the_controller():
+    from types import SimpleNamespace
+
+    cb = RexCallback()
+    cb.driver = SimpleNamespace(device_keys=["NVIDIA A100", "NVIDIA A100", "Tesla T4", "cpu"])
+    c = cb._make_controller((16, 16, 16, 16), SizeBounds(1, None))
+    assert list(c.model.group) == [0, 0, 2, 3]
+    assert cb._device_groups(3) is None  # keys that do not cover the plan: no pooling
+    off = RexCallback(pool_by_device=False)
+    off.driver = cb.driver
+    assert off._device_groups(4) is None

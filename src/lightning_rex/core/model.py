@@ -173,6 +173,8 @@ class RankTimeModel:
             self.first_u = np.asarray(plan, dtype=np.float64) / self.b_ref
             for g in np.unique(self.group):
                 members = self.group == g
+                if members.sum() < _MIN_GROUP:
+                    continue  # not pooled (see _posterior): each member keeps its own unit
                 self.scale[members] = np.median(med[members])
                 self.first_u[members] = np.mean(self.first_u[members])
         self.sizes.append([int(b) for b in plan])

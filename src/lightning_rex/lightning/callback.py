@@ -67,6 +67,10 @@ class RexCallback(Callback):
             time allocator warm-up, cuDNN autotuning or ``torch.compile``, not a rank's
             speed. Not applied again when resuming on the same world size.
         seed: The controller's seed.
+        pool_by_device: Ranks whose devices have the same identity (a GPU's name, or
+            ``"cpu"``) share evidence in the time model: partial pooling, the device's
+            curve times each rank's own level, for groups of 4 ranks or more (see
+            docs/controller.md). False models every rank alone.
         log_dir: Where to write ``rex_decisions.jsonl``; default the Trainer's ``log_dir``
             (or ``default_root_dir`` without a logger).
 
@@ -85,6 +89,7 @@ class RexCallback(Callback):
         background: bool = True,
         warmup: int = 10,
         seed: int = 0,
+        pool_by_device: bool = True,
         log_dir: str | None = None,
     ) -> None:
         if not 0.0 < alpha < 1.0:
@@ -101,6 +106,7 @@ class RexCallback(Callback):
         self.min_effect, self.max_growth = float(min_effect), float(max_growth)
         self.decision_lag, self.background = self.loop.lag, bool(background)
         self.warmup, self.seed, self.log_dir = int(warmup), int(seed), log_dir
+        self.pool_by_device = bool(pool_by_device)
         # tests and replays only: fn(rank, step, micro_batch) -> seconds replaces measurements
         self._step_time_fn: StepTimeFn | None = None
         self._loaded: dict[str, Any] | None = None
@@ -226,7 +232,13 @@ class RexCallback(Callback):
             max_sizes=bounds.caps(len(plan)),
             seed=self.seed,
             initial_plan=plan,
+            groups=self._device_groups(len(plan)),
         )
+
+    def _device_groups(self, n: int) -> list[str | None] | None:
+        """Every rank's device identity, as the driver gathered it, when pooling is on."""
+        keys = list(self.driver.device_keys) if self.driver is not None else []
+        return [str(k) for k in keys] if self.pool_by_device and len(keys) == n else None
 
     # ------------------------------------------------------------------ per step
     def on_train_batch_start(
