@@ -1,43 +1,26 @@
 """The REX controller: a state machine that turns windows into plan decisions.
 
-States and transitions, one :meth:`Controller.observe` call per window:
+One :meth:`Controller.observe` call per window (docs/controller.md has the full account):
 
-* **steady** (the current plan is in force). The window's per-rank medians go into the
-  :class:`~lightning_rex.core.model.RankTimeModel`; the imbalance test runs on it. A rescale
-  is considered only when the imbalance is *persistent*: the test on the last ``persistence``
-  windows pooled is significant for some rank (Holm, ``alpha``, effect above
-  ``1 + min_effect``), and every one of those windows on its own points the same way for that
-  rank (raw one-sided p below ``consistency``), and the latest window does not show it
-  ending or starting inside it (:func:`~lightning_rex.core.significance.ending_p_value`: the
-  rank's excess over the pack changes significantly at some split of the window), nor its
-  effect fading from the first window to the last
-  (:func:`~lightning_rex.core.significance.effect_drop_z` above the ``consistency`` quantile).
-  A transient straggler, one bad window or two half-windows across a boundary, fails the last
-  two conditions. Then
-  the model's hyperparameters are refitted, the planner proposes the minimax plan, and
-  the decision is **propose** if the plan differs and its
-  predicted step time beats the current plan's by at least ``min_gain``; otherwise **hold**.
-* **validating** (a proposal is out). Windows still measured under the old plan only teach the
-  model (**hold**). The first window under the new plan is checked for *non-inferiority*:
-  **rollback** (to the previous plan) when its per-step synchronous times are significantly
-  slower than the window before the change (one-sided U test, ESS corrected, and slower by
-  more than ``margin``), or when it is clearly slower than the model predicted; otherwise
-  **accept**. Requiring a significant improvement would reject real gains of a few percent.
-  Observations from a rolled-back plan stay in the model. When the change helped and the
-  accepted window is still significantly imbalanced, the controller *refines* at once: a
-  **propose** (marked ``validated``) if the model, now with the new sizes measured, predicts
-  a plan at least ``min_gain`` faster, without waiting ``persistence`` windows. Right after
-  a change, the residual imbalance is the model's error at the new sizes more likely than a
-  transient.
+* **steady**: the window's per-rank medians teach the
+  :class:`~lightning_rex.core.model.RankTimeModel`; the imbalance test runs with the
+  autocorrelation floor of the windows before (:class:`~lightning_rex.core.significance.
+  WindowHistory`). When the imbalance is persistent
+  (:func:`~lightning_rex.core.persistence.persistent_ranks`) the planner proposes the plan
+  minimising the posterior's optimistic quantile of the step time: **propose** if it is
+  predicted ``min_gain`` faster (twice that after a rollback), otherwise **hold**.
+* **validating**: windows under the old plan only teach the model. Under the new plan, a
+  non-inferiority test (:func:`~lightning_rex.core.validation.non_inferiority`) against the
+  old plan's steady windows before the trigger: **accept** when the new plan is shown not
+  slower than ``1 + margin``, **rollback** when it is not after two windows (or is shown
+  slower after one), **hold** for a second window in between. An accepted change that
+  helped and leaves a significant imbalance is *refined* at once (a ``validated`` propose).
 * **rolling back**: windows under the rejected plan are ignored until the old one is back.
+* **adopting**: a window under a plan the controller neither expects nor waits for (a user's
+  own ``set_plan``) makes that plan the one in force; monitoring goes on from there.
 
-* **adopting**: a window measured under a plan the controller neither expects nor is waiting
-  for (a user's own ``set_plan``) means the plan was changed outside it. The controller takes
-  that plan as the one in force, drops any validation or rollback in progress, and keeps
-  monitoring from there (**hold**); the window still teaches the model.
-Bounds (``min_size``, per-rank memory caps) can change at run time with
-:meth:`Controller.set_bounds`; when the plan in force breaks them, the next window yields a
-proposal that respects them. Everything is deterministic for a seed, and
+Bounds can change at run time with :meth:`Controller.set_bounds`; :meth:`Controller.try_plan`
+validates a plan chosen outside. Everything is deterministic for a seed, and
 :meth:`Controller.state_dict` / :meth:`Controller.load_state_dict` round-trip the full state as
 JSON-able data.
 """
@@ -46,36 +29,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
-from scipy import stats
 
+from lightning_rex.core.controller_state import check_controller_state
+from lightning_rex.core.decision import Decision, DecisionKind
 from lightning_rex.core.model import RankTimeModel
+from lightning_rex.core.persistence import persistent_ranks
 from lightning_rex.core.plan import Plan, even_plan, validate_plan
-from lightning_rex.core.planner import (
-    exploration_kappa,
-    resolve_bounds,
-    size_horizon,
-    water_fill,
-)
+from lightning_rex.core.planner import exploration_kappa, resolve_bounds
+from lightning_rex.core.proposal import propose_plan
 from lightning_rex.core.significance import (
     ImbalanceResult,
     WindowHistory,
-    effect_drop_z,
-    ending_p_value,
     imbalance_test,
 )
 from lightning_rex.core.state import (
     StateError,
-    field,
-    float_list,
-    int_list,
-    matrix,
-    optional,
-    real,
-    whole,
 )
 from lightning_rex.core.validation import non_inferiority
 from lightning_rex.core.window import Window
@@ -86,84 +58,6 @@ _BASELINE_WINDOWS = 4
 """The most steady windows before a trigger that form a change's baseline."""
 _VALIDATION_LOOKS = 2
 """The most windows a new plan is measured for before it is kept or rolled back."""
-
-DecisionKind = Literal["hold", "propose", "accept", "rollback"]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the controller decided after one window.
-
-    Attributes:
-        kind: ``"hold"``, ``"propose"``, ``"accept"`` or ``"rollback"``.
-        plan: The plan to apply now: the new plan for propose, the previous plan for
-            rollback, None for hold and accept.
-        predicted_step_s: The model's predicted synchronous compute time (max over ranks) of
-            the proposed plan (propose), or of the plan under validation (accept/rollback).
-        measured_step_s: The window's measured max over ranks of per-rank medians.
-        significance: The window's imbalance test, summarised as
-            :meth:`~lightning_rex.core.significance.ImbalanceResult.to_dict` gives it (None
-            when no test ran).
-        reason: A short human-readable explanation.
-        step_end: The last step (exclusive) of the window that led to this decision.
-        validated: This window validated the plan under test as non-inferior: True for an
-            accept, and for a propose that refines a just-validated plan (see
-            :meth:`Controller.observe`).
-    """
-
-    kind: DecisionKind
-    plan: Plan | None
-    predicted_step_s: float | None
-    measured_step_s: float | None
-    significance: dict[str, Any] | None
-    reason: str
-    step_end: int = 0
-    validated: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (the inverse of :meth:`from_dict`)."""
-        return {
-            "kind": self.kind,
-            "plan": None if self.plan is None else list(self.plan),
-            "predicted_step_s": self.predicted_step_s,
-            "measured_step_s": self.measured_step_s,
-            "significance": self.significance,
-            "reason": self.reason,
-            "step_end": self.step_end,
-            "validated": self.validated,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], name: str = "decision") -> Decision:
-        """Rebuild a decision from :meth:`to_dict` output, checking every field.
-
-        Args:
-            d: The dictionary.
-            name: Its dotted name, for errors.
-
-        Returns:
-            The decision.
-
-        Raises:
-            StateError: Naming the field that is missing or malformed.
-        """
-        kind = field(d, "kind", name)
-        if kind not in ("hold", "propose", "accept", "rollback"):
-            raise StateError(f"{name}.kind", f"must be hold, propose, accept or rollback: {kind!r}")
-        plan = optional(field(d, "plan", name), int_list, f"{name}.plan", None, 1)
-        sig = field(d, "significance", name)
-        if sig is not None and not isinstance(sig, dict):
-            raise StateError(f"{name}.significance", "must be a mapping or null")
-        return cls(
-            kind=kind,
-            plan=None if plan is None else tuple(plan),
-            predicted_step_s=optional(field(d, "predicted_step_s", name), real, f"{name}.pred"),
-            measured_step_s=optional(field(d, "measured_step_s", name), real, f"{name}.measured"),
-            significance=sig,
-            reason=str(field(d, "reason", name)),
-            step_end=whole(field(d, "step_end", name), f"{name}.step_end", 0),
-            validated=bool(field(d, "validated", name)),
-        )
 
 
 class Controller:
@@ -440,47 +334,14 @@ class Controller:
             self.model.forget(moved, keep_last=len(self._recent))
 
     def _persistent(self, need: int) -> list[int]:
-        wins = [np.asarray(w) for w in self._recent[-need:]]
-        f_one, f_span = self._floors
-        pooled = imbalance_test(
-            np.concatenate(wins, axis=1),
+        return persistent_ranks(
+            [np.asarray(w) for w in self._recent[-need:]],
             alpha=self.alpha,
             min_effect=self.min_effect,
-            min_inflation=f_span if need > 1 else f_one,
+            consistency=self.consistency,
+            ending_alpha=self.ending_alpha,
+            floors=self._floors,
         )
-        each = [
-            imbalance_test(w, alpha=self.alpha, min_effect=self.min_effect, min_inflation=f_one)
-            for w in wins
-        ]
-        thr = 1.0 + self.min_effect
-        out: list[int] = []
-        for slow in (True, False):
-            cand = pooled.slow_ranks if slow else pooled.fast_ranks
-            if slow:
-                ok = [
-                    r
-                    for r in cand
-                    if all(e.raw_p_values[r] < self.consistency and e.effect[r] > thr for e in each)
-                ]
-            else:
-                ok = [
-                    r
-                    for r in cand
-                    if all(
-                        e.raw_p_values_fast[r] < self.consistency and e.effect[r] < 1 / thr
-                        for e in each
-                    )
-                ]
-            if not ok:
-                continue
-            # A straggler that stops inside the latest window, or whose effect faded from the
-            # first window to the last, is transient; one that starts inside the latest window
-            # is a new episode, not the continuation of the earlier ones.
-            stops = ending_p_value(wins[-1], ok, slower=slow) < self.ending_alpha
-            starts = ending_p_value(wins[-1], ok, slower=not slow) < self.ending_alpha
-            faded = effect_drop_z(wins, slower=slow)[ok] > stats.norm.isf(self.consistency)
-            out += [r for r, v in zip(ok, stops | starts | faded) if not v]
-        return sorted(out)
 
     def _best_plan(self) -> tuple[Plan, float, float]:
         # Refit the hyperparameters only once there is data to fit them to (6 windows held)
@@ -492,39 +353,16 @@ class Controller:
             self.model.fit_hyperparameters()
             if self.model.n_fits != fits:  # it ran (it skips data with one size per rank)
                 self._fitted_at = added
-        kappa = exploration_kappa(self.explore, self.model.n_obs)
-        rows = np.arange(self.world_size)
-        cur = np.asarray(self._plan)
-        # Tabulate only the sizes that matter: no plan worth proposing is slower, in the
-        # optimistic curves the planner uses, than the plan in force, and a rank whose
-        # optimistic time at a size exceeds that level never gets that size. So the grid
-        # grows with the sizes in play, not with B (4096 uncapped ranks stay in memory).
-        # (water_fill plans on running maxima; the mean's bounds the optimistic curve's)
-        # A plan in force outside the bounds (tightened since) gives no level to trust: then
-        # the whole range is tabulated.
-        mean, _ = self.model.predict_grid(np.arange(1, int(cur.max()) + 1))
-        pred_cur = float(mean[rows, cur - 1].max())
-        level = float(np.maximum.accumulate(mean, axis=1)[rows, cur - 1].max())
-
-        def optimistic(sizes: np.ndarray) -> np.ndarray:
-            return self.model.predict_grid(sizes, kappa)[1]
-
-        g = int(self._hi.max())
-        if not self._violates_bounds(self._plan):
-            g = size_horizon(optimistic, level, self._lo, self._hi, self._plan, self.global_batch)
-        hi = np.minimum(self._hi, g)
-        # The acquisition is the posterior's optimistic quantile (BoTorch's), and
-        # water-filling is its inner optimiser: the plan minimising the slowest rank's quantile.
-        mean, quantile = self.model.predict_grid(np.arange(1, g + 1), kappa)
-        greedy = water_fill(mean, self.global_batch, self._lo, hi)
-        pred_greedy = float(mean[rows, np.asarray(greedy) - 1].max())
-        plan = water_fill(quantile, self.global_batch, self._lo, hi)
-        pred_new = float(mean[rows, np.asarray(plan) - 1].max())
-        # Optimism, not recklessness: explore only where the posterior mean of the exploring
-        # plan stays within `explore_slack` of the best mean plan.
-        if pred_new > pred_greedy * (1.0 + self.explore_slack):
-            plan, pred_new = greedy, pred_greedy
-        return plan, pred_new, pred_cur
+        return propose_plan(
+            self.model,
+            self._plan,
+            self._lo,
+            self._hi,
+            self.global_batch,
+            kappa=exploration_kappa(self.explore, self.model.n_obs),
+            explore_slack=self.explore_slack,
+            in_bounds=not self._violates_bounds(self._plan),
+        )
 
     def _propose(
         self,
@@ -695,7 +533,8 @@ class Controller:
         """Check saved controller state against the run's ``B`` and ``N`` without loading it.
 
         Every rank can run this (only rank 0 holds a controller), so a bad checkpoint fails on
-        every rank alike, before any step.
+        every rank alike, before any step (see
+        :func:`~lightning_rex.core.controller_state.check_controller_state`).
 
         Args:
             d: A dictionary from :meth:`state_dict`, possibly through JSON.
@@ -709,67 +548,7 @@ class Controller:
         Raises:
             StateError: Naming the first field that is missing or breaks an invariant.
         """
-
-        def plan(key: str) -> Plan | None:
-            v = optional(field(d, key, name), int_list, f"{name}.{key}", world_size, 1)
-            if v is not None and sum(v) != global_batch:
-                raise StateError(
-                    f"{name}.{key}", f"must sum to the global batch B={global_batch}, got {sum(v)}"
-                )
-            return None if v is None else tuple(v)
-
-        state = field(d, "state", name)
-        if state not in ("steady", "validating", "rolling_back"):
-            raise StateError(
-                f"{name}.state", f"must be steady, validating or rolling_back: {state!r}"
-            )
-        out: dict[str, Any] = {"state": state, "plan": plan("plan")}
-        for key in ("pending", "previous"):
-            out[key] = plan(key)
-        out["rejected"] = plan("rejected") if "rejected" in d else None
-        if state == "validating" and (out["pending"] is None or out["previous"] is None):
-            raise StateError(f"{name}.pending", "and previous must be plans while validating")
-        out["predicted"] = optional(field(d, "predicted", name), real, f"{name}.predicted")
-        out["baseline"] = optional(field(d, "baseline", name), float_list, f"{name}.baseline")
-        recent = field(d, "recent", name)
-        if not isinstance(recent, list):
-            raise StateError(f"{name}.recent", "must be a list of windows")
-        out["recent"] = [
-            matrix(w, f"{name}.recent[{i}]", world_size, None, True) for i, w in enumerate(recent)
-        ]
-        out["fitted_at"] = whole(field(d, "fitted_at", name), f"{name}.fitted_at", -1)
-        out["reference"] = optional(
-            field(d, "reference", name), float_list, f"{name}.reference", world_size, True
-        )
-        out["windows_seen"] = whole(field(d, "windows_seen", name), f"{name}.windows_seen", 0)
-        out["before"] = matrix(d.get("before", []), f"{name}.before", None, None, True)
-        out["changed"] = bool(d.get("changed", False))
-        out["trial"] = matrix(d.get("trial", []), f"{name}.trial", None, None, True)
-        out["rolled_back"] = bool(d.get("rolled_back", False))
-        hist = d.get("history", {"z": [], "plans": []})  # absent in checkpoints before 0.4
-        if not isinstance(hist, dict):
-            raise StateError(f"{name}.history", "must be a mapping")
-        plans = field(hist, "plans", f"{name}.history")
-        if not isinstance(plans, list):
-            raise StateError(f"{name}.history.plans", "must be a list of plans and lengths")
-        out["history"] = {
-            "z": matrix(
-                field(hist, "z", f"{name}.history"), f"{name}.history.z", len(plans), world_size
-            ),
-            "plans": [  # each: the window's plan, then its length
-                int_list(p, f"{name}.history.plans[{i}]", world_size + 1, 0)
-                for i, p in enumerate(plans)
-            ],
-        }
-        out["min_size"] = whole(field(d, "min_size", name), f"{name}.min_size", 1)
-        caps = field(d, "max_sizes", name)
-        if caps is not None:
-            caps = _caps(caps, f"{name}.max_sizes", world_size)
-        out["max_sizes"] = caps
-        out["model"] = RankTimeModel.check_state(
-            field(d, "model", name), world_size, f"{name}.model"
-        )
-        return out
+        return check_controller_state(d, global_batch, world_size, name)
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output into a controller built with the same arguments.
@@ -800,9 +579,3 @@ class Controller:
         self._before, self._changed, self._trial = c["before"], c["changed"], c["trial"]
         self._rolled_back = c["rolled_back"]
         self.model.load_state_dict(c["model"])
-
-
-def _caps(v: Any, name: str, world_size: int) -> list[int | None]:
-    if not isinstance(v, list) or len(v) != world_size:
-        raise StateError(name, f"must be a list of {world_size} caps (null for none)")
-    return [None if c is None else whole(c, f"{name}[{i}]", 1) for i, c in enumerate(v)]

@@ -19,14 +19,13 @@ features ``[1, b / b_ref, phi(x)]`` with a Gaussian prior on the affine coeffici
 posterior is computed in closed form, batched over all ranks in torch float64 (one
 ``D x D`` Cholesky per rank, ``D = 2 + num_basis``), which takes milliseconds at 4096 ranks,
 where a batched exact GP fit takes minutes. Units are relative: each rank's times are divided
-by its first observed median, so one set of hyperparameters serves every rank.
+by its first observed median (its device group's median, when pooled), so one set of
+hyperparameters serves every rank. Device groups pool partially (see ``groups``).
 
-Hyperparameters. The residual scale ``s^2`` is fitted with BoTorch: a batched
-:class:`botorch.models.SingleTaskGP` (float64, affine :class:`gpytorch.means.LinearMean`,
-``ScaleKernel(SplineKernel)``, the measured window-median variances as fixed noise) on a
-seeded subset of at most ``fit_ranks`` ranks and the last ``fit_windows`` windows,
-optimised by :func:`botorch.fit.fit_gpytorch_mll`; the median over the subset is shared.
-The controller refits only when it needs a proposal.
+Hyperparameters. The residual scale ``s^2``, one for all ranks, is fitted with BoTorch
+(:mod:`lightning_rex.core.fit`). The controller refits only when it needs a proposal. The
+posterior is exposed as a BoTorch model (:meth:`RankTimeModel.posterior_model`), which the
+planner reads.
 
 Cold start. With one observation per rank the prior decides the split between overhead and
 rate: ``a ~ N(0, 0.3^2)`` (relative), so the first proposal is close to the proportional plan;
@@ -386,64 +385,14 @@ class RankTimeModel:
         Returns:
             The residual scale in use afterwards.
         """
+        from lightning_rex.core.fit import fit_residual_scale
+
         if self.n_obs < 3 or self.scale is None:
             return self.outputscale
-        from botorch.fit import fit_gpytorch_mll
-        from botorch.models import SingleTaskGP
-        from botorch.optim.closures import get_loss_closure_with_grads
-        from gpytorch.kernels import ScaleKernel
-        from gpytorch.means import LinearMean
-        from gpytorch.mlls import ExactMarginalLogLikelihood
-
-        b, y, v = (a[:, -self.fit_windows :] for a in self._data())
-        rng = np.random.default_rng([self.seed, self.n_fits])
-        self.n_fits += 1
-        n_sub = min(self.world_size, self.fit_ranks)
-        sub = np.sort(rng.choice(self.world_size, size=n_sub, replace=False))
-        bs = b[sub]
-        if bool((bs.max(dim=1).values == bs.min(dim=1).values).all()):
-            return self.outputscale
-        shape = torch.Size([n_sub])
-        x = bs.unsqueeze(-1)
-        k = self.kernel
-        mean = LinearMean(1, batch_shape=shape)
-        covar = ScaleKernel(SplineKernel(k.num_basis, k.lower, k.upper, log_scale=True))
-        # Deterministic starting point (LinearMean draws its initial weights at random): each
-        # rank's affine fit through its data, and the scale in use.
-        with torch.no_grad():
-            design = torch.stack([torch.ones_like(bs), bs], dim=-1)  # (n_sub, W, 2)
-            coef = torch.linalg.lstsq(design, y[sub].unsqueeze(-1)).solution.squeeze(-1)
-            mean.bias.copy_(coef[:, :1])
-            mean.weights.copy_(coef[:, 1:].unsqueeze(-1))
-            covar.outputscale = torch.as_tensor(max(self.outputscale, 1e-4), dtype=_DT)
-        gp = SingleTaskGP(
-            x,
-            y[sub].unsqueeze(-1),
-            train_Yvar=v[sub].unsqueeze(-1).clone(),
-            # one residual scale shared by the subset (the sum of the ranks' marginal
-            # likelihoods): a rank measured at two sizes has no evidence of curvature, and
-            # per-rank scales left its median at the floor while others saw a knee
-            covar_module=covar,
-            mean_module=mean,
-            outcome_transform=None,
-        )
-        mll = ExactMarginalLogLikelihood(gp.likelihood, gp)
-        with torch.random.fork_rng():
-            torch.manual_seed(self.seed + self.n_fits)
-            try:
-                # one loss (the sum over the subset) for the shared scale: BoTorch's own
-                # closure, which also keeps it off its per-batch-member independent fits
-                params = {n: p for n, p in mll.named_parameters() if p.requires_grad}
-                fit_gpytorch_mll(
-                    mll,
-                    closure=get_loss_closure_with_grads(mll, params),
-                    optimizer_kwargs={"options": {"maxiter": 100}},
-                )
-            except Exception:  # keep the previous scale if BoTorch cannot fit
-                return self.outputscale
-        scale = float(gp.covar_module.outputscale.detach())
-        self.outputscale = float(min(max(scale, 1e-6), 0.25))
-        self._post = None
+        scale = fit_residual_scale(self)
+        if scale is not None:
+            self.outputscale = float(min(max(scale, 1e-6), 0.25))
+            self._post = None
         return self.outputscale
 
     # ---------------------------------------------------------------- state

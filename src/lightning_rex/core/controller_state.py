@@ -1,0 +1,102 @@
+"""Checking a saved :class:`~lightning_rex.core.controller.Controller` state, field by field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_rex.core.model import RankTimeModel
+from lightning_rex.core.plan import Plan
+from lightning_rex.core.state import (
+    StateError,
+    field,
+    float_list,
+    int_list,
+    matrix,
+    optional,
+    real,
+    whole,
+)
+
+__all__ = ["check_controller_state"]
+
+
+def check_controller_state(
+    d: Any, global_batch: int, world_size: int, name: str = "controller"
+) -> dict[str, Any]:
+    """Check saved controller state against the run's ``B`` and ``N`` without loading it.
+
+    Args:
+        d: A dictionary from ``Controller.state_dict``, possibly through JSON.
+        global_batch: This run's global batch ``B``.
+        world_size: This run's number of ranks ``N``.
+        name: The dotted name of ``d``, for errors.
+
+    Returns:
+        The state, normalised to plain Python types.
+
+    Raises:
+        StateError: Naming the first field that is missing or breaks an invariant.
+    """
+
+    def plan(key: str) -> Plan | None:
+        v = optional(field(d, key, name), int_list, f"{name}.{key}", world_size, 1)
+        if v is not None and sum(v) != global_batch:
+            raise StateError(
+                f"{name}.{key}", f"must sum to the global batch B={global_batch}, got {sum(v)}"
+            )
+        return None if v is None else tuple(v)
+
+    state = field(d, "state", name)
+    if state not in ("steady", "validating", "rolling_back"):
+        raise StateError(f"{name}.state", f"must be steady, validating or rolling_back: {state!r}")
+    out: dict[str, Any] = {"state": state, "plan": plan("plan")}
+    for key in ("pending", "previous"):
+        out[key] = plan(key)
+    out["rejected"] = plan("rejected") if "rejected" in d else None
+    if state == "validating" and (out["pending"] is None or out["previous"] is None):
+        raise StateError(f"{name}.pending", "and previous must be plans while validating")
+    out["predicted"] = optional(field(d, "predicted", name), real, f"{name}.predicted")
+    out["baseline"] = optional(field(d, "baseline", name), float_list, f"{name}.baseline")
+    recent = field(d, "recent", name)
+    if not isinstance(recent, list):
+        raise StateError(f"{name}.recent", "must be a list of windows")
+    out["recent"] = [
+        matrix(w, f"{name}.recent[{i}]", world_size, None, True) for i, w in enumerate(recent)
+    ]
+    out["fitted_at"] = whole(field(d, "fitted_at", name), f"{name}.fitted_at", -1)
+    out["reference"] = optional(
+        field(d, "reference", name), float_list, f"{name}.reference", world_size, True
+    )
+    out["windows_seen"] = whole(field(d, "windows_seen", name), f"{name}.windows_seen", 0)
+    out["before"] = matrix(d.get("before", []), f"{name}.before", None, None, True)
+    out["changed"] = bool(d.get("changed", False))
+    out["trial"] = matrix(d.get("trial", []), f"{name}.trial", None, None, True)
+    out["rolled_back"] = bool(d.get("rolled_back", False))
+    hist = d.get("history", {"z": [], "plans": []})  # absent in checkpoints before 0.4
+    if not isinstance(hist, dict):
+        raise StateError(f"{name}.history", "must be a mapping")
+    plans = field(hist, "plans", f"{name}.history")
+    if not isinstance(plans, list):
+        raise StateError(f"{name}.history.plans", "must be a list of plans and lengths")
+    out["history"] = {
+        "z": matrix(
+            field(hist, "z", f"{name}.history"), f"{name}.history.z", len(plans), world_size
+        ),
+        "plans": [  # each: the window's plan, then its length
+            int_list(p, f"{name}.history.plans[{i}]", world_size + 1, 0)
+            for i, p in enumerate(plans)
+        ],
+    }
+    out["min_size"] = whole(field(d, "min_size", name), f"{name}.min_size", 1)
+    caps = field(d, "max_sizes", name)
+    if caps is not None:
+        caps = _caps(caps, f"{name}.max_sizes", world_size)
+    out["max_sizes"] = caps
+    out["model"] = RankTimeModel.check_state(field(d, "model", name), world_size, f"{name}.model")
+    return out
+
+
+def _caps(v: Any, name: str, world_size: int) -> list[int | None]:
+    if not isinstance(v, list) or len(v) != world_size:
+        raise StateError(name, f"must be a list of {world_size} caps (null for none)")
+    return [None if c is None else whole(c, f"{name}[{i}]", 1) for i, c in enumerate(v)]

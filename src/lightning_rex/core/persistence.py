@@ -1,0 +1,83 @@
+"""Transient or persistent: which ranks' imbalance has held over the last windows.
+
+A rank is flagged when (a) the windows pooled are imbalanced for it (Holm, ``alpha``, effect
+above ``1 + min_effect``), (b) each window on its own points the same way for it (raw
+one-sided p below ``consistency``), and (c) the latest window does not show the straggler
+ending or starting inside it (:func:`~lightning_rex.core.significance.ending_p_value` at
+``ending_alpha``), nor its effect fading from the first window to the last
+(:func:`~lightning_rex.core.significance.effect_drop_z`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+from lightning_rex.core.significance import effect_drop_z, ending_p_value, imbalance_test
+
+__all__ = ["persistent_ranks"]
+
+
+def persistent_ranks(
+    wins: Sequence[np.ndarray],
+    *,
+    alpha: float,
+    min_effect: float,
+    consistency: float,
+    ending_alpha: float,
+    floors: tuple[float, float] = (1.0, 1.0),
+) -> list[int]:
+    """The ranks persistently slower or faster over some consecutive windows.
+
+    Args:
+        wins: The windows' times, each ``(N, K)``, oldest first.
+        alpha: Family-wise level of the pooled test.
+        min_effect: Practical effect threshold on the median ratio.
+        consistency: Raw one-sided p-value every window must reach on its own.
+        ending_alpha: Level of the veto for a straggler that ends or starts in the latest
+            window.
+        floors: Long-run variance factors from earlier windows
+            (:class:`~lightning_rex.core.significance.WindowHistory`): for one window, and for
+            the windows pooled.
+
+    Returns:
+        The flagged ranks, sorted.
+    """
+    f_one, f_span = floors
+    pooled = imbalance_test(
+        np.concatenate(list(wins), axis=1),
+        alpha=alpha,
+        min_effect=min_effect,
+        min_inflation=f_span if len(wins) > 1 else f_one,
+    )
+    each = [
+        imbalance_test(w, alpha=alpha, min_effect=min_effect, min_inflation=f_one) for w in wins
+    ]
+    thr = 1.0 + min_effect
+    out: list[int] = []
+    for slow in (True, False):
+        cand = pooled.slow_ranks if slow else pooled.fast_ranks
+        if slow:
+            ok = [
+                r
+                for r in cand
+                if all(e.raw_p_values[r] < consistency and e.effect[r] > thr for e in each)
+            ]
+        else:
+            ok = [
+                r
+                for r in cand
+                if all(e.raw_p_values_fast[r] < consistency and e.effect[r] < 1 / thr for e in each)
+            ]
+        if not ok:
+            continue
+        # A straggler that stops inside the latest window, or whose effect faded from the
+        # first window to the last, is transient; one that starts inside the latest window
+        # is a new episode, not the continuation of the earlier ones.
+        stops = ending_p_value(wins[-1], ok, slower=slow) < ending_alpha
+        starts = ending_p_value(wins[-1], ok, slower=not slow) < ending_alpha
+        faded = effect_drop_z(list(wins), slower=slow)[ok] > stats.norm.isf(consistency)
+        out += [r for r, v in zip(ok, stops | starts | faded) if not v]
+    return sorted(out)
