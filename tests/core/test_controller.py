@@ -304,3 +304,23 @@ def test_try_plan_checks_its_arguments():
     c.try_plan((30, 34))
     with pytest.raises(RuntimeError, match="validating"):
         c.try_plan((31, 33))
+
+
+def test_validation_edge_cases_and_uneven_window_lengths_resume():
+    rng = np.random.default_rng(2)
+    c = Controller(256, 8, seed=0)
+    for w in range(3):
+        c.observe(ar1_window(c.plan, rng, 30 * w))
+    with pytest.raises(ValueError, match="plan in force"):
+        c.try_plan(c.plan)
+    new = (33, 31, *c.plan[2:])
+    c.try_plan(new)
+    short = Window(np.full((8, 1), 0.03), new, 90, 91)
+    d = c.observe(short)  # one step cannot be compared: held, not counted as a look
+    assert d.kind == "hold" and "too short" in d.reason and c.state == "validating"
+    # windows of different lengths (the driver drops unusable steps) survive a checkpoint
+    c.observe(Window(ar1_window(new, rng, 91).times[:, :29], new, 91, 120))
+    snap = json.loads(json.dumps(c.state_dict()))
+    c2 = Controller(256, 8, seed=0)
+    c2.load_state_dict(snap)
+    assert c2.state_dict() == c.state_dict()

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from lightning_rex.core.model import RankTimeModel
+from lightning_rex.core.state import StateError
 
 
 def affine(b, a, rate):
@@ -185,3 +186,16 @@ def test_partial_pooling_keeps_a_truly_different_member():
     truth = 0.003 + 64 / rate
     assert abs(pred[0] / truth[0] - 1) < 0.03
     assert np.abs(pred[1:] / truth[1:] - 1).max() < 0.03
+
+
+def test_forget_detaches_a_group_leader_and_keeps_the_rest_together():
+    m = RankTimeModel(6, 384, 379, groups=["a"] * 6)
+    m.add((64,) * 6, np.full(6, 0.03), 1e-4)
+    m.forget([0], keep_last=1)
+    assert list(m.group) == [0, 1, 1, 1, 1, 1]
+    m.forget([1, 3], keep_last=1)
+    assert list(m.group) == [0, 1, 2, 3, 2, 2]
+    d = m.state_dict()
+    d["group"] = [1, 0, 2, 3, 2, 2]
+    with pytest.raises(StateError, match="group"):
+        m.load_state_dict(d)

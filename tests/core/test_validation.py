@@ -57,3 +57,16 @@ def test_non_inferiority_checks_series():
         non_inferiority(np.ones(1), np.ones(5))
     with pytest.raises(ValueError, match="positive"):
         non_inferiority(np.zeros(5), np.ones(5))
+
+
+def test_clipping_never_pulls_a_slower_plan_toward_the_baseline():
+    """Low noise, a long baseline: a pooled clipping centre would clip a uniformly 10% slower
+    plan down to the baseline's range and report it within the margin."""
+    rng = np.random.default_rng(3)
+    base = np.exp(rng.normal(0, 0.003, 120))
+    for slower in (1.05, 1.10):
+        r = non_inferiority(slower * np.exp(rng.normal(0, 0.003, 30)), base, confidence=0.975)
+        assert not r.non_inferior and r.ratio == pytest.approx(slower, rel=0.01)
+    spike = np.exp(rng.normal(0, 0.01, 30))
+    spike[0] *= 6.0  # a new shape's first step
+    assert non_inferiority(spike, base).ratio < 1.02

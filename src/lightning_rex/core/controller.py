@@ -212,6 +212,7 @@ class Controller:
             self._pending, self._previous, self._baseline = None, None, None
             self._state = "steady"
             self._recent, self._before, self._trial = [], [], []
+            self._changed = False
         elif self._state == "rolling_back" and self._rejected is not None:
             self._plan, self._rejected = self._rejected, None
             self._state = "steady"
@@ -307,7 +308,7 @@ class Controller:
         self._state = "steady"
         self._pending = self._previous = self._rejected = None
         self._predicted, self._baseline, self._reference = None, None, None
-        self._trial = []
+        self._trial, self._changed, self._rolled_back = [], False, False
         self._recent = [window.times.tolist()]
         self._before = [window.step_max.tolist()]
         return decide("hold", None, "plan set outside the controller: adopted as the plan in force")
@@ -378,6 +379,7 @@ class Controller:
             gain = self.min_gain * (2.0 if self._rolled_back else 1.0)
             if not force and (plan == self._plan or pred_new > pred_cur * (1.0 - gain)):
                 why = f"{reason}; no plan predicted {gain:.0%} faster"
+                self._changed = False
                 return decide("hold", None, why)
         else:
             pred_new = float(self.model.predict(plan).max())
@@ -410,7 +412,7 @@ class Controller:
         moved = abs(float(np.mean(np.log(flat_trig)) - np.mean(np.log(flat))))
         return flat_trig if moved > math.log1p(self.margin) else flat
 
-    def try_plan(self, plan: Sequence[int], reason: str = "plan tried from outside") -> None:
+    def try_plan(self, plan: Sequence[int]) -> None:
         """Apply a plan chosen outside the controller, validated like its own proposals.
 
         The next window under ``plan`` is tested for non-inferiority against the plan in
@@ -418,27 +420,32 @@ class Controller:
         the margin. The caller applies ``plan`` itself.
 
         Args:
-            plan: The plan to try; it must sum to ``B`` and respect the bounds.
-            reason: Recorded in the decision that validates it.
+            plan: The plan to try; it must sum to ``B``, respect the bounds and differ from
+                the plan in force.
 
         Raises:
             RuntimeError: If a proposal or rollback is already out.
-            ValueError: If the plan is malformed or breaks the bounds.
+            ValueError: If the plan is malformed, breaks the bounds or is the plan in force.
         """
         if self._state != "steady":
             raise RuntimeError(f"cannot try a plan while {self._state}")
         p = validate_plan(plan, self.global_batch, self.world_size, name="plan")
         if self._violates_bounds(p):
             raise ValueError(f"plan {p} breaks the size bounds")
+        if p == self._plan:
+            raise ValueError(f"plan {p} is the plan in force: there is nothing to try")
         if self.model.n_obs == 0 or not self._before:
             raise RuntimeError("try_plan needs at least one window under the plan in force")
         last = Window(np.asarray(self._recent[-1]), self._plan, 0, 1)
-        self._propose(last, reason, lambda *a, **k: None, force=True, trigger=0, plan=p)
+        self._propose(last, "plan tried from outside", lambda *a, **k: None, True, 0, p)
 
     def _validate(
         self, window: Window, sig: ImbalanceResult, measured: float, decide: Any
     ) -> Decision:
         assert self._baseline is not None and self._previous is not None
+        if window.n_steps < 2 or len(self._baseline) < 2:
+            # too short to compare (a window cut by dropped steps): not a look, measure on
+            return decide("hold", None, "validation window too short: not counted", self._predicted)
         self._trial.append(window.step_max.tolist())
         looks = len(self._trial)
         # Two looks at most, each at half the error rate (Bonferroni), so that accepting a

@@ -68,11 +68,12 @@ def check_controller_state(
         field(d, "reference", name), float_list, f"{name}.reference", world_size, True
     )
     out["windows_seen"] = whole(field(d, "windows_seen", name), f"{name}.windows_seen", 0)
-    out["before"] = matrix(d.get("before", []), f"{name}.before", None, None, True)
+    # windows differ in length (the driver drops unusable steps): each row checked alone
+    out["before"] = _rows(d.get("before", []), f"{name}.before")
     out["changed"] = bool(d.get("changed", False))
-    out["trial"] = matrix(d.get("trial", []), f"{name}.trial", None, None, True)
+    out["trial"] = _rows(d.get("trial", []), f"{name}.trial")
     out["rolled_back"] = bool(d.get("rolled_back", False))
-    hist = d.get("history", {"z": [], "plans": []})  # absent in checkpoints before 0.4
+    hist = d.get("history", {"z": [], "plans": []})  # absent from checkpoints before it existed
     if not isinstance(hist, dict):
         raise StateError(f"{name}.history", "must be a mapping")
     plans = field(hist, "plans", f"{name}.history")
@@ -94,6 +95,12 @@ def check_controller_state(
     out["max_sizes"] = caps
     out["model"] = RankTimeModel.check_state(field(d, "model", name), world_size, f"{name}.model")
     return out
+
+
+def _rows(v: Any, name: str) -> list[list[float]]:
+    if not isinstance(v, list):
+        raise StateError(name, "must be a list of windows' per-step times")
+    return [float_list(r, f"{name}[{i}]", None, True) for i, r in enumerate(v)]
 
 
 def _caps(v: Any, name: str, world_size: int) -> list[int | None]:

@@ -87,7 +87,4 @@ def fit_residual_scale(model: RankTimeModel) -> float | None:
             )
         except Exception:  # keep the previous scale if BoTorch cannot fit
             return None
-    scale = float(gp.covar_module.outputscale.detach())
-    model.outputscale = float(min(max(scale, 1e-6), 0.25))
-    model._post = None
-    return None
+    return float(gp.covar_module.outputscale.detach())

@@ -195,7 +195,14 @@ class RankTimeModel:
             keep_last: How many recent windows still count for them.
         """
         self.cutoff[list(ranks)] = max(0, self.n_added - int(keep_last))
-        # a rank whose speed changed is no longer like its group: it gets its own curve
+        # a rank whose speed changed is no longer like its group: it gets its own curve, and
+        # a group led by it (group ids are a member's index) is led by its next member
+        gone = np.zeros(self.world_size, dtype=bool)
+        gone[list(ranks)] = True
+        for r in ranks:
+            rest = np.flatnonzero((self.group == r) & ~gone)
+            if rest.size:
+                self.group[rest] = rest.min()
         self.group[list(ranks)] = list(ranks)
         self._post = None
 
@@ -451,8 +458,9 @@ class RankTimeModel:
                 d.get("group", list(range(world_size))), f"{name}.group", world_size, 0
             ),
         }
-        if any(g >= world_size for g in out["group"]):
-            raise StateError(f"{name}.group", f"must index ranks below {world_size}")
+        grp = out["group"]
+        if any(g > r or grp[g] != g for r, g in enumerate(grp)):
+            raise StateError(f"{name}.group", "must map each rank to its group's first member")
         if sizes and out["scale"] is None:
             raise StateError(f"{name}.scale", "must be set once windows are held")
         return out

@@ -3,8 +3,8 @@
 After a change, the synchronous step times under the new plan (one window) are compared with
 a baseline measured under the old plan. The statistic is the difference of the mean log step
 times, ``d = mean(log new) - mean(log base)`` (the log of the ratio of geometric means),
-after single-step outliers are clipped (a new shape's first step, stalls: the pooled median
-plus or minus four robust standard deviations), with a standard error from each
+after single-step outliers are clipped (a new shape's first step, stalls: each series at its
+own median plus or minus four robust standard deviations), with a standard error from each
 series' long-run variance (Newey-West, Bartlett weights, Andrews' plug-in bandwidth),
 optionally floored by a factor from the windows before, since one window cannot see slow
 autocorrelation. The new plan is **non-inferior** when the one-sided upper confidence bound
@@ -64,19 +64,23 @@ def long_run_variance(x: np.ndarray, bandwidth: int | None = None) -> float:
 
 
 def _winsorise(*series: np.ndarray, width: float = 4.0) -> list[np.ndarray]:
-    """Clip every series at the pooled median +- ``width`` robust standard deviations.
+    """Clip each series at its own median +- ``width`` robust standard deviations.
 
     The first step under a new shape carries its one-off cost (allocation, autotuning,
     compilation: 0.5 s on a 0.1 s step in the simulator's GPU presets), and stalls hit single
     steps; either would move a 30-step mean by several percent. Clipping them keeps the
-    comparison about the plan's steady speed.
+    comparison about the plan's steady speed. Each series is clipped around itself, so the
+    clipping can never pull one series toward the other (a pooled centre would clip a
+    uniformly slower plan down to the baseline's range when the noise is small).
     """
-    pooled = np.concatenate(series)
-    center = float(np.median(pooled))
-    spread = 1.4826 * float(np.median(np.abs(pooled - center)))
-    if spread <= 0:
-        return list(series)
-    return [np.clip(x, center - width * spread, center + width * spread) for x in series]
+    out = []
+    for x in series:
+        center = float(np.median(x))
+        spread = 1.4826 * float(np.median(np.abs(x - center)))
+        out.append(
+            x if spread <= 0 else np.clip(x, center - width * spread, center + width * spread)
+        )
+    return out
 
 
 @dataclass(frozen=True)
