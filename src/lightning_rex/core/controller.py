@@ -533,29 +533,10 @@ class Controller:
             "model": self.model.state_dict(),
         }
 
-    @staticmethod
-    def check_state(
-        d: Any, global_batch: int, world_size: int, name: str = "controller"
-    ) -> dict[str, Any]:
-        """Check saved controller state against the run's ``B`` and ``N`` without loading it.
-
-        Every rank can run this (only rank 0 holds a controller), so a bad checkpoint fails on
-        every rank alike, before any step (see
-        :func:`~lightning_rex.core.controller_state.check_controller_state`).
-
-        Args:
-            d: A dictionary from :meth:`state_dict`, possibly through JSON.
-            global_batch: This run's global batch ``B``.
-            world_size: This run's number of ranks ``N``.
-            name: The dotted name of ``d``, for errors.
-
-        Returns:
-            The state, normalised to plain Python types.
-
-        Raises:
-            StateError: Naming the first field that is missing or breaks an invariant.
-        """
-        return check_controller_state(d, global_batch, world_size, name)
+    #: Check saved state against the run's ``B`` and ``N`` without loading it (every rank can
+    #: run it; only rank 0 holds a controller): see
+    #: :func:`~lightning_rex.core.controller_state.check_controller_state`.
+    check_state = staticmethod(check_controller_state)
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output into a controller built with the same arguments.
