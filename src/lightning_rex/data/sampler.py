@@ -122,6 +122,10 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self._next_epoch_start_step = 0
         self._fetched = 0
         self._resume_at: int | None = None
+        # (epoch, batches) of an epoch restored as finished: until the epoch moves on, the
+        # loader reports that many batches and yields none, so a checkpoint taken at an
+        # epoch's end on another world size does not start the epoch over
+        self._finished: tuple[int, int] | None = None
         # Where this epoch's batch grid starts: batch ``origin_batch`` begins at sample
         # ``origin_sample`` of the permutation. (0, 0) except in an epoch resumed from a
         # checkpoint made with another global batch (another world size).
@@ -143,6 +147,8 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
+        if self._finished is not None and self._finished[0] == self.epoch:
+            return self._finished[1]
         full, rem = divmod(self.num_samples - self._origin_sample, self.global_batch)
         tail = 1 if (rem >= self.world_size and not self.drop_last) else 0
         return self._origin_batch + full + tail
@@ -256,6 +262,12 @@ class UnevenBatchSampler(Sampler[list[int]]):
         return self._origin_sample + (index - self._origin_batch) * self.global_batch
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self._finished is not None:
+            epoch, done = self._finished
+            self._finished = None
+            if epoch == self.epoch:  # the restored epoch was over: nothing left of it
+                self._fetched = done
+                return
         perm = list(iter(self.sampler))
         if self._resume_at is not None:
             start, self._resume_at = self._resume_at, None
@@ -382,6 +394,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
             self._origin_batch, self._origin_sample = consumed, c["consumed_samples"]
         self._fetched = consumed
         self._resume_at = None if c["finished"] else consumed
+        self._finished = (c["epoch"], consumed) if c["finished"] else None
         if c["finished"]:
             self._origin_batch = self._origin_sample = 0
             self._next_epoch_start_step = self._epoch_start_step + math.ceil(
