@@ -385,14 +385,13 @@ class WindowHistory:
     """
 
     def __init__(self, max_windows: int = 24, confidence: float = 0.75, min_df: int = 8) -> None:
-        # plans[i] is window i's plan followed by its length: windows are batched by both
         if max_windows < 2:
             raise ValueError(f"max_windows must be >= 2, got {max_windows}")
         self.max_windows = int(max_windows)
         self.confidence = float(confidence)
         self.min_df = int(min_df)
         self.z: list[list[float]] = []
-        self.plans: list[tuple[int, ...]] = []
+        self.plans: list[tuple[int, ...]] = []  # window i's plan, then its length: the batch key
 
     def add(self, z: np.ndarray, plan: Sequence[int], steps: int = 0) -> None:
         """Record one window's naive z-scores and its plan.
@@ -465,4 +464,3 @@ class WindowHistory:
         """
         self.z = [[float(v) for v in r] for r in d["z"]][-self.max_windows :]
         self.plans = [tuple(int(b) for b in p) for p in d["plans"]][-self.max_windows :]
-        # the last entry of each key is the window's length
