@@ -165,11 +165,15 @@ def test_persistent_slowdown_gets_a_better_plan_within_a_few_windows(
 def test_one_window_spike_changes_nothing(scenarios: list[dict[str, Any]]) -> None:
     spike = scenarios[0]["spike"]
     assert len(spike["history"]) == 1, spike["records"]
-    # the spike window is measured and logged (rank 1 at ~3x), and not acted on; whether its
-    # own test reaches significance on 2 ranks x 20 autocorrelated steps is the core's call
-    logged = {r["window"][0]: r["median_ms"] for r in spike["records"]}
-    assert logged[50][1] > 2.0 * logged[50][0]
-    assert all(m[1] < 1.8 * m[0] for start, m in logged.items() if start != 50)
+    # the spike is measured and logged (rank 1 at ~3x in the segments inside it), and not
+    # acted on, neither by a look before its window is whole (it started inside the window
+    # before) nor after; whether one window's test reaches significance on 2 ranks x 18
+    # autocorrelated steps is the core's call
+    logged = {tuple(r["window"]): r["median_ms"] for r in spike["records"]}
+    inside = [m for (a, b), m in logged.items() if a >= 50 and b <= 70]
+    outside = [m for (a, b), m in logged.items() if b <= 50 or a >= 70]
+    assert inside and all(m[1] > 2.0 * m[0] for m in inside)
+    assert outside and all(m[1] < 1.8 * m[0] for m in outside)
     assert all(r["decision"] == "hold" for r in spike["records"])
 
 

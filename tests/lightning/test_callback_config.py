@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
         ({"persistence": 0}, "persistence must be an integer >= 1 window, got 0"),
         ({"min_effect": -0.1}, "min_effect must be >= 0"),
         ({"max_growth": 1.0}, "max_growth must be > 1"),
-        ({"window": 10, "decision_lag": 10}, r"decision_lag must be in \[1, window=10\)"),
+        ({"window": 10, "decision_lag": 10}, r"decision_lag must be in \[1, segment=10\)"),
+        ({"window": 30, "looks": 7}, r"looks=7 cuts window=30 into segments of 4"),
+        ({"window": 30, "looks": 0}, r"looks must be an integer >= 1"),
         ({"warmup": -1}, "warmup must be an integer >= 0 steps, got -1"),
     ],
 )

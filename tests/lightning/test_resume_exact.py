@@ -48,10 +48,14 @@ def test_plain_rex_with_step_checkpoints_resumes_exactly(tmp_path: Path) -> None
         assert resumed[r]["seen"] == [s for s in full[r]["seen"] if s[1] >= 21]
         # a plan only splits each global batch: the weights agree to rounding
         assert (resumed[r]["params"] - full[r]["params"]).abs().max().item() < 1e-10
-    # the checkpoint taken at step 21 holds the callback's state of that step: the window
-    # after the warm-up of 10 steps has every step up to 20 (the last one trained)
+    # the checkpoint taken at step 21 holds the callback's state of that step: after the
+    # warm-up of 10 steps, the first segment (steps 10-19; three looks per window of 30) was
+    # gathered and is the first third of the controller's window; the segment being filled
+    # has step 20 (the last one trained)
     state = torch.load(path, weights_only=False)["callbacks"]["RexCallback"]
-    assert state["steps"] == list(range(10, 21))
+    assert state["steps"] == [20]
+    partial = state["controller"]["segments"]
+    assert [(s["start"], s["end"]) for s in partial] == [(10, 20)]
 
 
 def _key(rank: int) -> str:

@@ -88,7 +88,7 @@ def test_loop_overrides_change_when_plans_take_effect(capsys):
 
 def test_bad_loop_override_is_a_clear_error(capsys):
     rc, _, err = run_cli(["--scenario", "pair-3x", "--decision-lag", "0"], capsys)
-    assert rc == 2 and "decision_lag must be in [1, window=" in err
+    assert rc == 2 and "decision_lag must be in [1, segment=" in err
 
 
 _RANK = {"rate": 1000.0, "overhead_s": 0.001}

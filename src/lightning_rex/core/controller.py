@@ -36,8 +36,9 @@ import numpy as np
 
 from lightning_rex.core.controller_state import check_controller_state
 from lightning_rex.core.decision import Decision, DecisionKind
+from lightning_rex.core.looks import SegmentBuffer, early_imbalance, validation_confidences
 from lightning_rex.core.model import RankTimeModel
-from lightning_rex.core.persistence import persistent_ranks
+from lightning_rex.core.persistence import cold_start_ranks, persistent_ranks
 from lightning_rex.core.plan import Plan, even_plan, validate_plan
 from lightning_rex.core.planner import exploration_kappa, resolve_bounds
 from lightning_rex.core.proposal import propose_plan
@@ -94,6 +95,10 @@ class Controller:
         groups: Per-rank device labels (None entries for unlabelled ranks), or None. Ranks
             with the same label share one time curve until one of them changes speed (see
             :class:`~lightning_rex.core.model.RankTimeModel`).
+        looks: Looks per window: with more than one, :meth:`observe` takes segments of a
+            window (``window_steps / looks`` steps each) and acts before the window is whole
+            when the evidence is already clear (:mod:`~lightning_rex.core.looks`).
+        window_steps: Steps of a whole window; required when ``looks > 1``.
     """
 
     def __init__(
@@ -119,7 +124,13 @@ class Controller:
         num_basis: int = 16,
         memory: float = 12.0,
         groups: Sequence[str | None] | None = None,
+        looks: int = 1,
+        window_steps: int | None = None,
     ) -> None:
+        if int(looks) != looks or looks < 1:
+            raise ValueError(f"looks must be an integer >= 1, got {looks}")
+        if looks > 1 and window_steps is None:
+            raise ValueError("window_steps is required when looks > 1")
         if not 0 < alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         if persistence < 1:
@@ -176,6 +187,14 @@ class Controller:
         self._history = WindowHistory()
         self._floors = (1.0, 1.0)
         self.windows_seen = 0
+        self.looks = int(looks)
+        # a whole window is `looks` segments of `window_steps // looks` steps, as the loop
+        # gathers them
+        whole = self.looks * (int(window_steps or 0) // self.looks)
+        self._segments = None if looks == 1 else SegmentBuffer(whole)
+        self._early_conf, self._whole_conf = validation_confidences(
+            validation_confidence, self.looks, _VALIDATION_LOOKS
+        )
 
     # ------------------------------------------------------------------ API
     @property
@@ -207,6 +226,8 @@ class Controller:
         a rollback the rejected plan does. What the windows taught the model is kept, and the
         controller returns to the steady state. Does nothing when no plan is out.
         """
+        if self._segments is not None:
+            self._segments.clear()
         if self._state == "validating" and self._previous is not None:
             self._plan = self._previous
             self._pending, self._previous, self._baseline = None, None, None
@@ -223,7 +244,7 @@ class Controller:
         return self.model.summary()
 
     def observe(self, window: Window) -> Decision:
-        """Take one window and decide.
+        """Take one window (or, with ``looks > 1``, one segment of a window) and decide.
 
         Args:
             window: The window's samples and the plan they were measured under.
@@ -236,6 +257,68 @@ class Controller:
         """
         if window.n_ranks != self.world_size:
             raise ValueError(f"window has {window.n_ranks} ranks, expected {self.world_size}")
+        if self._segments is None:
+            return self._observe(window)
+        if self._state == "rolling_back" and window.plan == self._plan:
+            self._state, self._rejected = "steady", None  # the old plan is back
+        measuring = self._pending if self._state == "validating" else self._plan
+        if self._state == "rolling_back" or window.plan != measuring:
+            # not a plan being measured (a rollback or proposal not yet in force, a plan set
+            # outside): the state machine takes it as it is
+            self._segments.clear()
+            return self._observe(window)
+        partial = self._segments.add(window)
+        if partial.n_steps >= self._segments.window_steps or self._early(partial):
+            self._segments.clear()
+            return self._observe(partial)
+        return Decision(
+            "hold",
+            None,
+            self._predicted if self._state == "validating" else None,
+            float(partial.medians.max()),
+            None,
+            f"look after {partial.n_steps} of {self._segments.window_steps} steps:"
+            " not yet conclusive",
+            window.step_end,
+        )
+
+    def _early(self, partial: Window) -> bool:
+        """Whether a partial window's evidence is clear enough to close the window now."""
+        assert self._segments is not None
+        if self._state == "validating":
+            if self._baseline is None or partial.n_steps < 2 or len(self._baseline) < 2:
+                return False
+            trial = [t for w in self._trial for t in w] + partial.step_max.tolist()
+            ni = non_inferiority(
+                np.asarray(trial),
+                np.asarray(self._baseline),
+                margin=self.margin,
+                confidence=self._early_conf,
+            )
+            return ni.non_inferior or ni.lower > ni.bound
+        cold = self._reference is None and self.windows_seen == 0
+        need = 1 if cold else self.persistence
+        # with more than one window needed, half a window first: a straggler shorter than
+        # about (persistence - 1/2) windows is never acted on early
+        if need > 1 and (
+            len(self._recent) < need - 1 or 2 * partial.n_steps < self._segments.window_steps
+        ):
+            return False
+        wins = [np.asarray(w) for w in self._recent[len(self._recent) - need + 1 :]]
+        return bool(
+            early_imbalance(
+                [*wins, partial.times],
+                cold=cold,
+                alpha=self.alpha,
+                min_effect=self.min_effect,
+                consistency=self.consistency,
+                ending_alpha=self.ending_alpha,
+                floors=self._floors,
+            )
+        )
+
+    def _observe(self, window: Window) -> Decision:
+        """The state machine on one whole (or early-closed) window."""
         self.windows_seen += 1
         # The long-run variance factors come from the windows before this one (batch means
         # across windows): slow autocorrelation that a single window cannot see.
@@ -280,7 +363,8 @@ class Controller:
         self._before.append(window.step_max.tolist())
         self._before = self._before[-(self.persistence + _BASELINE_WINDOWS) :]
         # The initial plan is a guess, not a measured state: at cold start one window counts.
-        need = 1 if self._reference is None and self.windows_seen == 1 else self.persistence
+        cold = self._reference is None and self.windows_seen == 1
+        need = 1 if cold else self.persistence
         if len(self._recent) < need:
             return decide("hold", None, "imbalanced" if sig.imbalanced else "balanced")
         # _persistent flags a rank only if every window, this one included, points at it on
@@ -292,6 +376,13 @@ class Controller:
         ) & (sig.effect < 1.0 / thr)
         if not bool(points.any()):
             return decide("hold", None, "transient imbalance" if sig.imbalanced else "balanced")
+        if cold:  # see cold_start_ranks
+            flagged = cold_start_ranks(sig, self.alpha, self.min_effect)
+            if not flagged:
+                return decide("hold", None, "balanced at cold start")
+            return self._propose(
+                window, f"imbalance at cold start on ranks {flagged[:8]}", decide, trigger=1
+            )
         flagged = self._persistent(need)
         if not flagged:
             why = "transient imbalance" if sig.imbalanced else "balanced"
@@ -309,6 +400,8 @@ class Controller:
         self._pending = self._previous = self._rejected = None
         self._predicted, self._baseline, self._reference = None, None, None
         self._trial, self._changed, self._rolled_back = [], False, False
+        if self._segments is not None:
+            self._segments.clear()
         self._recent = [window.times.tolist()]
         self._before = [window.step_max.tolist()]
         return decide("hold", None, "plan set outside the controller: adopted as the plan in force")
@@ -448,13 +541,14 @@ class Controller:
             return decide("hold", None, "validation window too short: not counted", self._predicted)
         self._trial.append(window.step_max.tolist())
         looks = len(self._trial)
-        # Two looks at most, each at half the error rate (Bonferroni), so that accepting a
-        # plan truly slower than the margin stays below 1 - confidence over both.
+        # Two whole-window looks at most, each at half the error rate left by the early looks
+        # (Bonferroni), so that accepting a plan truly slower than the margin stays below
+        # 1 - confidence over all of them.
         ni = non_inferiority(
             np.asarray([t for w in self._trial for t in w]),
             np.asarray(self._baseline),
             margin=self.margin,
-            confidence=1.0 - (1.0 - self.validation_confidence) / _VALIDATION_LOOKS,
+            confidence=self._whole_conf,
         )
         pred = float(self.model.predict(window.plan).max())
         allowance = 3.0 * math.sqrt(
@@ -528,6 +622,7 @@ class Controller:
             "trial": self._trial,
             "rolled_back": self._rolled_back,
             "changed": self._changed,
+            "segments": [] if self._segments is None else self._segments.state_dict(),
             "min_size": self.min_size,
             "max_sizes": self.max_sizes,
             "model": self.model.state_dict(),
@@ -566,4 +661,9 @@ class Controller:
         self._history.load_state_dict(c["history"])
         self._before, self._changed, self._trial = c["before"], c["changed"], c["trial"]
         self._rolled_back = c["rolled_back"]
+        if self._segments is not None:
+            try:
+                self._segments.load_state_dict(d.get("segments", []))
+            except (KeyError, TypeError, ValueError) as err:
+                raise StateError("controller.segments", str(err)) from None
         self.model.load_state_dict(c["model"])

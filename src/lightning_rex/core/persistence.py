@@ -15,9 +15,42 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-from lightning_rex.core.significance import effect_drop_z, ending_p_value, imbalance_test
+from lightning_rex.core.significance import (
+    ImbalanceResult,
+    effect_drop_z,
+    ending_p_value,
+    imbalance_test,
+)
 
-__all__ = ["persistent_ranks"]
+__all__ = ["COLD_START_LEVEL", "cold_start_ranks", "persistent_ranks"]
+
+COLD_START_LEVEL = 5.0
+"""The family-wise level at cold start, as a multiple of ``alpha``."""
+
+
+def cold_start_ranks(sig: ImbalanceResult, alpha: float, min_effect: float) -> list[int]:
+    """The ranks imbalanced in a run's first window, at a cold start's level.
+
+    The initial plan is a guess with no evidence for it, so there is no status quo for
+    persistence to protect; and a rank-against-the-rest test has little power when half the
+    ranks are slow (each slow rank sits in the middle of the others: on an even split of 8
+    A100s and 8 V100s, Holm p-values of 0.01-0.05 for effects of 1.6x). So one window
+    suffices, at the family-wise level ``COLD_START_LEVEL * alpha``. What it proposes must
+    still be predicted ``min_gain`` faster and pass validation.
+
+    Args:
+        sig: The first window's test.
+        alpha: The family-wise level of a steady window.
+        min_effect: The practical effect threshold.
+
+    Returns:
+        The flagged ranks, sorted.
+    """
+    level, thr = COLD_START_LEVEL * alpha, 1.0 + min_effect
+    hit = (sig.p_values < level) & (sig.effect > thr) | (sig.p_values_fast < level) & (
+        sig.effect < 1.0 / thr
+    )
+    return [int(r) for r in np.flatnonzero(hit)]
 
 
 def persistent_ranks(

@@ -26,6 +26,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_rex.core.controller import Controller
+from lightning_rex.core.looks import default_looks
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.driver.exchange import ExchangeMessage
@@ -57,9 +58,16 @@ class RexCallback(Callback):
             median ratio above ``1 + min_effect`` (>= 0).
         max_growth: A rank's size may grow to at most this factor times the largest size it
             has already run, until that memory headroom is confirmed (CUDA; > 1).
-        decision_lag: Steps between a window's end and the exchange of its decision (the
-            controller computes in the background meanwhile), and between polls for a
-            decision not ready yet; default ``window // 2``. Must be in [1, window).
+        decision_lag: Steps between a gather (a window's or segment's end) and the exchange
+            of its decision (the controller computes in the background meanwhile), and
+            between polls for a decision not ready yet; default half a segment. Must be in
+            [1, segment).
+        looks: Looks per window (>= 1): every ``window // looks`` steps (a segment, >= 5) the
+            step times are gathered and the controller looks at the window so far, acting
+            before the window is whole when the evidence is already clear: a large slowdown,
+            a new plan clearly within the margin or clearly worse (see docs/controller.md).
+            1 gathers once per window. Default: up to 3, with segments of >= 10 steps (3 for
+            the default window of 30, 1 for windows under 20).
         background: Run ``Controller.observe`` in a background thread on rank 0 (training
             never waits for it); False runs it inline at the window's end, so every
             decision lands on a step fixed in advance (deterministic, may stall).
@@ -91,6 +99,7 @@ class RexCallback(Callback):
         seed: int = 0,
         pool_by_device: bool = True,
         log_dir: str | None = None,
+        looks: int | None = None,
     ) -> None:
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
@@ -101,7 +110,9 @@ class RexCallback(Callback):
         if not max_growth > 1.0:
             raise ValueError(f"max_growth must be > 1, got {max_growth}")
         # the loop these arguments give (whether it applies plans is the strategy's call, per fit)
-        self.loop = LoopConfig(window, decision_lag, warmup, bool(background))
+        looks = default_looks(window) if looks is None else looks
+        self.loop = LoopConfig(window, decision_lag, warmup, bool(background), looks=looks)
+        self.looks = int(looks)
         self.alpha, self.window, self.persistence = float(alpha), int(window), int(persistence)
         self.min_effect, self.max_growth = float(min_effect), float(max_growth)
         self.decision_lag, self.background = self.loop.lag, bool(background)
@@ -177,7 +188,12 @@ class RexCallback(Callback):
         # trainer.log_dir broadcasts from rank 0: every rank must ask for it
         self._dir = self.log_dir or trainer.log_dir or trainer.default_root_dir
         config = LoopConfig(
-            self.window, self.decision_lag, self.warmup, self.background, apply_plans=adaptive
+            self.window,
+            self.decision_lag,
+            self.warmup,
+            self.background,
+            apply_plans=adaptive,
+            looks=self.looks,
         )
         self._target = target
         self.driver = WindowDriver(
@@ -233,6 +249,8 @@ class RexCallback(Callback):
             seed=self.seed,
             initial_plan=plan,
             groups=self._device_groups(len(plan)),
+            looks=self.looks,
+            window_steps=self.window,
         )
 
     def _device_groups(self, n: int) -> list[str | None] | None:

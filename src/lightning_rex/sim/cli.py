@@ -68,7 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--decision-lag",
         type=int,
         default=None,
-        help="override the steps from a window's end to its decision (default window // 2)",
+        help="override the steps from a gather to its decision (default: half the steps between"
+        " gathers, window // 2 for peers, window // 6 for rex's three looks per window)",
     )
     p.set_defaults(func=main)
     return p
@@ -122,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
     """
     from lightning_rex.driver.loop import LoopConfig
     from lightning_rex.sim.engine import default_loop, run, simulate
-    from lightning_rex.sim.policies import OraclePolicy
+    from lightning_rex.sim.policies import OraclePolicy, make_policy
     from lightning_rex.sim.report import aggregate, paired_ratio
     from lightning_rex.sim.scenario import ScenarioError
     from lightning_rex.sim.schema import load_scenario
@@ -138,21 +139,19 @@ def main(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
-    loop = default_loop(scen)
+    names = _policies(args)
+    # each policy's loop: the scenario's window, the policy's looks, the overrides
+    loops: dict[str, LoopConfig] = {}
     try:
-        loop = LoopConfig(
-            window=loop.window,
-            decision_lag=args.decision_lag,
-            warmup=loop.warmup if args.warmup is None else args.warmup,
-            background=loop.background,
-        )
+        for n in names:
+            pol = make_policy(n, scen)
+            loops[n] = default_loop(scen, pol, warmup=args.warmup, decision_lag=args.decision_lag)
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
-    names = _policies(args)
     if args.seeds is None:
         oracle = simulate(scen, OraclePolicy(scen), args.seed)
-        res = {n: run(scen, n, args.seed, oracle=oracle, loop=loop).to_dict() for n in names}
+        res = {n: run(scen, n, args.seed, oracle=oracle, loop=loops[n]).to_dict() for n in names}
         if args.json:
             print(json.dumps({"scenario": scen.name, "seed": args.seed, "policies": res}))
         else:
@@ -180,7 +179,7 @@ def main(args: argparse.Namespace) -> int:
     for seed in seeds:
         oracle = simulate(scen, OraclePolicy(scen), seed)
         for n in names:
-            per[n].append(run(scen, n, seed, oracle=oracle, loop=loop).to_dict())
+            per[n].append(run(scen, n, seed, oracle=oracle, loop=loops[n]).to_dict())
     agg = {n: aggregate(rs, scen.steps) for n, rs in per.items()}
     if "rex" in per:  # each policy against rex, paired by seed
         rex = [r["efficiency"] for r in per["rex"]]

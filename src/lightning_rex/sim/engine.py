@@ -282,16 +282,37 @@ def run_loop(
     return LoopRun(out, schedule.entries, driver.records, timed.ms)
 
 
-def default_loop(scenario: Scenario) -> LoopConfig:
+def default_loop(
+    scenario: Scenario,
+    policy: Policy | None = None,
+    *,
+    warmup: int | None = None,
+    decision_lag: int | None = None,
+) -> LoopConfig:
     """The window loop the simulator runs: training's defaults, with the scenario's window.
 
     Args:
         scenario: The scenario.
+        policy: The policy; its ``looks_for(window)`` method (looks per window; 1 when it
+            has none) sets how often the loop gathers.
+        warmup: Unmeasured steps at the start; None for training's default (10).
+        decision_lag: Steps from a gather to the exchange; None for ``segment // 2``.
 
     Returns:
-        ``window`` from the scenario, lag ``window // 2``, warm-up 10, inline decisions.
+        ``window`` from the scenario, the policy's looks, inline decisions.
+
+    Raises:
+        ValueError: For settings the loop rejects (see
+            :class:`~lightning_rex.driver.loop.LoopConfig`).
     """
-    return LoopConfig(window=scenario.window, background=False)
+    looks_for = getattr(policy, "looks_for", None)
+    return LoopConfig(
+        window=scenario.window,
+        decision_lag=decision_lag,
+        warmup=LoopConfig.warmup if warmup is None else warmup,
+        background=False,
+        looks=1 if looks_for is None else int(looks_for(scenario.window)),
+    )
 
 
 def _decider(policy: Policy) -> Decider:
@@ -341,7 +362,7 @@ def simulate(
         s.steps,
         times,
         _decider(policy),
-        loop or default_loop(s),
+        loop or default_loop(s, policy),
         min_size=s.min_size,
         comm=s.comm,
         initial_plan=first,

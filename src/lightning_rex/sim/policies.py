@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.looks import default_looks
 from lightning_rex.core.plan import Plan, round_fractions
 from lightning_rex.core.planner import (
     affine_plan,
@@ -209,15 +210,31 @@ class RexPolicy:
     """The REX core, driven exactly as training drives it.
 
     Args:
+        looks: Looks per window; None for training's default
+            (:func:`~lightning_rex.core.looks.default_looks` of the scenario's window, 3 for
+            a window of 30). The simulator's loop gathers a segment every ``window // looks``
+            steps for this policy, and the controller may act before a window is whole.
         **controller_kwargs: Passed to :class:`~lightning_rex.core.controller.Controller`.
     """
 
     name = "rex"
 
-    def __init__(self, **controller_kwargs: Any) -> None:
+    def __init__(self, looks: int | None = None, **controller_kwargs: Any) -> None:
+        self._looks = looks
         self.controller_kwargs = controller_kwargs
         self.rollbacks = 0
         self.decisions: list[Decision] = []
+
+    def looks_for(self, window: int) -> int:
+        """Looks per window for a scenario's window (what the simulator's loop gathers).
+
+        Args:
+            window: Steps per window.
+
+        Returns:
+            The ``looks`` asked for, or training's default for that window.
+        """
+        return default_looks(window) if self._looks is None else int(self._looks)
 
     def reset(self, info: PolicyInfo) -> None:
         """Build a fresh controller for the run."""
@@ -228,6 +245,8 @@ class RexPolicy:
             max_sizes=list(info.max_sizes),
             seed=info.seed,
             initial_plan=info.initial_plan,
+            looks=self.looks_for(info.window),
+            window_steps=info.window,
             **{"groups": _labels(info.devices), **self.controller_kwargs},
         )
         self.rollbacks = 0
