@@ -1,0 +1,347 @@
+"""Goodput-guided choice of the global batch, validated like a plan (REX_METHOD.md, sec. 5).
+
+**Objective.** Goodput(B) = throughput(B) x statistical efficiency(B) (Pollux, Qiao et al.,
+OSDI 2021): samples per second times the progress per sample relative to the base batch
+``B0`` (:func:`~lightning_rex.core.noise_scale.statistical_efficiency`, from the smoothed
+gradient noise scale). Its logarithm is
+
+    log B + log E(B) - log t(B),
+
+with ``t(B)`` the synchronous step time of the best plan for ``B``.
+
+**Model (1-D Bayesian optimisation).** The prior mean of ``log t(B)`` comes from the rank time
+model: the water-filled plan for ``B`` and its predicted step time (``predict``, supplied by
+the caller; :meth:`~lightning_rex.core.controller.Controller.predict_step_time`). The
+residual ``log t_measured(B) - log t_predicted(B)`` of every window measured at some ``B`` is
+modelled by a BoTorch ``SingleTaskGP`` whose kernel is the same spline kernel as the rank
+model's (:class:`~lightning_rex.core.kernels.SplineKernel` on ``log B`` over
+``[min_global_batch, max_global_batch]``), with each window's noise variance fixed from its
+own steps. The next ``B`` maximises the upper confidence bound of log goodput (BoTorch's
+``UpperConfidenceBound`` of the residual, plus the known terms) over a geometric grid of
+candidates; it is proposed only when its posterior-mean goodput beats the current one by
+``min_gain``.
+
+**Validation.** After a change the new batch's window is compared with the windows before it
+at the old batch: the goodput ratio is ``k t_old / t_new`` with ``k = B' E(B') / (B E(B))``,
+and the time ratio's confidence bounds come from the non-inferiority machinery (difference of
+mean log step times, Newey-West). The change is kept only when the gain is significant (the
+lower confidence bound of the goodput ratio is above 1) and at least ``min_gain``;
+otherwise it is rolled back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_rex.core.kernels import SplineKernel
+from lightning_rex.core.noise_scale import (
+    LR_RULES,
+    LrRule,
+    NoiseScale,
+    lr_factor,
+    statistical_efficiency,
+)
+from lightning_rex.core.validation import long_run_variance, non_inferiority
+
+__all__ = ["BatchScaler", "BatchVerdict", "GlobalBatchScaling"]
+
+
+@dataclass(frozen=True)
+class GlobalBatchScaling:
+    """Opt-in global batch scaling: ``RexCallback(global_batch=GlobalBatchScaling(...))``.
+
+    Args:
+        min_global_batch: The smallest global batch (>= the world size).
+        max_global_batch: The largest global batch.
+        lr_rule: How the learning rate follows ``B``: ``"linear"``, ``"sqrt"`` or
+            ``"adascale"`` (AdaScale's gain, from the noise scale).
+        min_gain: The smallest goodput gain worth a change, predicted and then measured.
+        confidence: One-sided confidence that a kept change's goodput gain is real.
+        decay: Per-step decay of the noise scale's moving averages.
+        min_noise_steps: Steps of noise-scale estimates before the first change.
+        candidates: Batch sizes on the geometric grid the acquisition is evaluated on.
+        beta: ``UpperConfidenceBound``'s exploration weight (on log goodput).
+        windows_between: Windows at a batch size before another change is considered.
+
+    Raises:
+        ValueError: Naming the argument, for values outside their ranges.
+    """
+
+    min_global_batch: int
+    max_global_batch: int
+    lr_rule: LrRule = "sqrt"
+    min_gain: float = 0.05
+    confidence: float = 0.95
+    decay: float = 0.99
+    min_noise_steps: int = 50
+    candidates: int = 24
+    beta: float = 1.0
+    windows_between: int = 2
+
+    def __post_init__(self) -> None:
+        lo, hi = self.min_global_batch, self.max_global_batch
+        if isinstance(lo, bool) or int(lo) != lo or lo < 1:
+            raise ValueError(f"min_global_batch must be an integer >= 1, got {lo!r}")
+        if isinstance(hi, bool) or int(hi) != hi or hi <= lo:
+            raise ValueError(f"max_global_batch must be an integer > min_global_batch, got {hi!r}")
+        if self.lr_rule not in LR_RULES:
+            raise ValueError(f"lr_rule must be one of {LR_RULES}, got {self.lr_rule!r}")
+        if not self.min_gain >= 0.0:
+            raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
+        if not 0.5 <= self.confidence < 1.0:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {self.decay}")
+        if self.min_noise_steps < 0:
+            raise ValueError(f"min_noise_steps must be >= 0, got {self.min_noise_steps}")
+        if self.candidates < 2:
+            raise ValueError(f"candidates must be >= 2, got {self.candidates}")
+        if not self.beta >= 0.0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.windows_between < 1:
+            raise ValueError(f"windows_between must be >= 1, got {self.windows_between}")
+
+
+@dataclass(frozen=True)
+class BatchVerdict:
+    """The validation of a change of the global batch.
+
+    Attributes:
+        keep: Keep the new batch (else roll back).
+        gain: The measured goodput ratio, new over old.
+        lower: Its lower confidence bound.
+        efficiency_ratio: ``k = B' E(B') / (B E(B))``, the progress-per-step ratio.
+    """
+
+    keep: bool
+    gain: float
+    lower: float
+    efficiency_ratio: float
+
+
+@dataclass
+class _Obs:
+    batch: int
+    log_t: float
+    var: float
+    pred: float
+
+
+@dataclass
+class BatchScaler:
+    """The global batch's Bayesian optimisation and its noise scale (module docstring).
+
+    Args:
+        config: The settings.
+        base_batch: ``B0``, the batch the learning rate was tuned for (the run's first).
+        world_size: The number of ranks (the smallest possible batch).
+
+    Attributes:
+        noise: The gradient noise scale's moving averages.
+    """
+
+    config: GlobalBatchScaling
+    base_batch: int
+    world_size: int
+    noise: NoiseScale = field(init=False)
+    _obs: list[_Obs] = field(default_factory=list, init=False)
+    _since: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.config.min_global_batch < self.world_size:
+            raise ValueError(
+                f"min_global_batch={self.config.min_global_batch} is below the world size "
+                f"{self.world_size}: every rank needs a sample"
+            )
+        if not self.config.min_global_batch <= self.base_batch <= self.config.max_global_batch:
+            raise ValueError(
+                f"the run's global batch {self.base_batch} is outside [min_global_batch, "
+                f"max_global_batch] = [{self.config.min_global_batch}, "
+                f"{self.config.max_global_batch}]"
+            )
+        self.noise = NoiseScale(self.config.decay)
+
+    # ------------------------------------------------------------------ evidence
+    def efficiency(self, batch: float) -> float:
+        """Statistical efficiency of ``batch`` relative to ``B0`` at the current noise scale."""
+        phi = self.noise.phi
+        return 1.0 if phi is None else statistical_efficiency(batch, self.base_batch, phi)
+
+    def lr_factor(self, batch: int) -> float:
+        """The learning-rate factor at ``batch`` under the configured rule."""
+        g = 1.0 if self.noise.grad_sq is None else self.noise.grad_sq
+        s = 0.0 if self.noise.noise is None else self.noise.noise
+        return lr_factor(self.config.lr_rule, batch, self.base_batch, g, s)
+
+    def record(self, batch: int, step_times: np.ndarray, predicted_s: float) -> None:
+        """Take one window's synchronous step times measured at ``batch``.
+
+        Args:
+            batch: The global batch the window ran at.
+            step_times: Per-step synchronous times in seconds, shape ``(K,)``, ``K >= 2``.
+            predicted_s: The rank model's step time for ``batch`` when the window was taken.
+        """
+        t = np.log(np.asarray(step_times, dtype=np.float64))
+        if t.size < 2 or not np.all(np.isfinite(t)) or not predicted_s > 0:
+            return
+        var = max(long_run_variance(t) / t.size, 1e-8)
+        self._obs.append(_Obs(int(batch), float(t.mean()), var, math.log(predicted_s)))
+        self._obs = self._obs[-64:]
+        self._since += 1
+
+    @property
+    def ready(self) -> bool:
+        """Whether enough evidence has accumulated to consider a change now."""
+        return (
+            self.noise.steps >= self.config.min_noise_steps
+            and self._since >= self.config.windows_between
+            and self.noise.phi is not None
+            and math.isfinite(self.noise.phi)
+        )
+
+    # ------------------------------------------------------------------ proposal
+    def candidates(self, current: int) -> np.ndarray:
+        """The geometric grid of batches the acquisition is evaluated on (with ``current``)."""
+        c = self.config
+        grid = np.geomspace(c.min_global_batch, c.max_global_batch, c.candidates)
+        return np.unique(np.r_[np.round(grid).astype(np.int64), int(current)])
+
+    def _x(self, batch: np.ndarray) -> torch.Tensor:
+        c = self.config
+        lo, hi = math.log(c.min_global_batch), math.log(c.max_global_batch)
+        u = (np.log(np.asarray(batch, dtype=np.float64)) - lo) / (hi - lo)
+        return torch.as_tensor(u, dtype=torch.float64).reshape(-1, 1)
+
+    def log_goodput(
+        self, batches: np.ndarray, predict: Callable[[int], float]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation of log goodput at ``batches``.
+
+        Args:
+            batches: Global batch sizes.
+            predict: The rank model's step time (seconds) of the best plan for a batch.
+
+        Returns:
+            ``(mean, sd)`` arrays.
+        """
+        b = np.asarray(batches, dtype=np.int64)
+        prior = np.array([math.log(predict(int(x))) for x in b])
+        eff = np.log([self.efficiency(float(x)) for x in b])
+        resid_mean, resid_sd = self._residual(b)
+        mean = np.log(b) + eff - (prior + resid_mean)
+        return mean, resid_sd
+
+    def _gp(self) -> Any:
+        from botorch.models import SingleTaskGP
+        from gpytorch.kernels import ScaleKernel
+
+        x = self._x(np.array([o.batch for o in self._obs]))
+        y = torch.tensor([[o.log_t - o.pred] for o in self._obs], dtype=torch.float64)
+        yvar = torch.tensor([[o.var] for o in self._obs], dtype=torch.float64)
+        kernel = ScaleKernel(SplineKernel(num_basis=8, lower=0.0, upper=1.0))
+        kernel.outputscale = 0.1**2  # residuals of about 10% of the step time, a priori
+        model = SingleTaskGP(x, y, yvar, covar_module=kernel, outcome_transform=None)
+        model.mean_module.constant.data.fill_(0.0)
+        model.eval()
+        return model
+
+    def _residual(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not self._obs:
+            return np.zeros(len(batches)), np.full(len(batches), 0.1)
+        model = self._gp()
+        with torch.no_grad():
+            post = model.posterior(self._x(batches))
+            mean = post.mean.reshape(-1).numpy()
+            sd = post.variance.clamp_min(0).sqrt().reshape(-1).numpy()
+        return mean, sd
+
+    def propose(self, current: int, predict: Callable[[int], float]) -> tuple[int, float] | None:
+        """The next global batch, or None when none is predicted ``min_gain`` better.
+
+        Args:
+            current: The global batch in force.
+            predict: The rank model's step time (seconds) of the best plan for a batch.
+
+        Returns:
+            ``(batch, predicted goodput ratio over current)``, or None.
+        """
+        if not self.ready:
+            return None
+        grid = self.candidates(current)
+        mean, sd = self.log_goodput(grid, predict)
+        # log goodput = known(B) - r(B), r the residual GP: its UCB is known(B) plus BoTorch's
+        # UpperConfidenceBound of r for minimisation, -(mean_r - sqrt(beta) sd_r). Every
+        # candidate of the small grid is evaluated (what optimize_acqf_discrete would do).
+        known = np.log(grid) + np.log([self.efficiency(float(x)) for x in grid])
+        known -= np.array([math.log(predict(int(x))) for x in grid])
+        if self._obs:
+            from botorch.acquisition import UpperConfidenceBound
+
+            acq = UpperConfidenceBound(self._gp(), beta=self.config.beta**2, maximize=False)
+            with torch.no_grad():
+                ucb = known + acq(self._x(grid).unsqueeze(1)).numpy()
+        else:
+            ucb = mean + self.config.beta * sd
+        best = int(np.argmax(ucb))
+        cur = int(np.flatnonzero(grid == current)[0])
+        gain = math.exp(mean[best] - mean[cur])
+        if grid[best] == current or gain < 1.0 + self.config.min_gain:
+            return None
+        return int(grid[best]), gain
+
+    def changed(self) -> None:
+        """Tell the scaler a change was made (the window count restarts)."""
+        self._since = 0
+
+    # ------------------------------------------------------------------ validation
+    def validate(
+        self, old: int, new: int, old_times: np.ndarray, new_times: np.ndarray
+    ) -> BatchVerdict:
+        """Keep a change of the global batch only when its goodput gain is shown.
+
+        Args:
+            old: The batch before.
+            new: The batch after.
+            old_times: Per-step synchronous times at ``old`` (the baseline), seconds.
+            new_times: Per-step synchronous times at ``new``, seconds.
+
+        Returns:
+            The :class:`BatchVerdict`.
+        """
+        k = new * self.efficiency(new) / (old * self.efficiency(old))
+        ni = non_inferiority(
+            np.asarray(new_times),
+            np.asarray(old_times),
+            margin=0.0,
+            confidence=self.config.confidence,
+        )
+        gain, lower = k / ni.ratio, k / ni.upper
+        keep = lower > 1.0 and gain >= 1.0 + self.config.min_gain
+        return BatchVerdict(bool(keep), float(gain), float(lower), float(k))
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {
+            "base_batch": self.base_batch,
+            "noise": self.noise.state_dict(),
+            "obs": [[o.batch, o.log_t, o.var, o.pred] for o in self._obs],
+            "since": self._since,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Args:
+            d: The saved state.
+        """
+        self.base_batch = int(d["base_batch"])
+        self.noise.load_state_dict(d["noise"])
+        self._obs = [_Obs(int(b), float(t), float(v), float(p)) for b, t, v, p in d["obs"]]
+        self._since = int(d["since"])

@@ -1,0 +1,131 @@
+import json
+import math
+
+import numpy as np
+import pytest
+
+from lightning_rex.core.batch_scaling import BatchScaler, GlobalBatchScaling
+
+N, B0, PHI = 4, 64, 1000.0
+OVERHEAD, RATE = 0.02, 4000.0  # the best plan's step time is 0.02 s + B / 4000 samples/s
+
+
+def feed_noise(scaler, rng, steps=200, sizes=(16, 16, 16, 16)):
+    """Per-step gradient norms of a problem with noise scale PHI (|G|^2 = 1)."""
+    b = np.asarray(sizes, dtype=np.float64)
+    for _ in range(steps):
+        g_r = 1.0 + rng.standard_normal((len(b), 50)) * np.sqrt(PHI / b)[:, None]
+        w = b / b.sum()
+        g = w @ g_r
+        scaler.noise.update(float(w @ (g_r**2).sum(axis=1) / 50), float(g @ g / 50), sizes)
+
+
+def goodput(batch, true_time):
+    return batch / true_time(batch) * (PHI + B0) / (PHI + batch)
+
+
+def drive(true_time, predict, seed, rounds=12):
+    """Measure a window at the batch in force, record it, move to the proposal (kept)."""
+    rng = np.random.default_rng(seed)
+    cfg = GlobalBatchScaling(16, 4096, windows_between=1, min_noise_steps=100)
+    sc = BatchScaler(cfg, B0, N)
+    feed_noise(sc, rng)
+    batch, path = B0, [B0]
+    for _ in range(rounds):
+        for _ in range(2):  # two windows of 30 steps at this batch
+            t = true_time(batch) * np.exp(rng.normal(0, 0.05, 30))
+            sc.record(batch, t, predict(batch))
+        p = sc.propose(batch, predict)
+        if p is not None:
+            batch = p[0]
+            sc.changed()
+            path.append(batch)
+    return sc, batch, path
+
+
+def affine(batch):
+    return OVERHEAD + batch / RATE
+
+
+def test_settles_near_the_goodput_optimum_when_the_model_is_right():
+    grid = np.unique(np.round(np.geomspace(16, 4096, 4000)))
+    best = max(goodput(b, affine) for b in grid)  # at B = sqrt(80 x 1000), about 283
+    for seed in range(3):
+        sc, batch, path = drive(affine, affine, seed)
+        assert goodput(batch, affine) >= 0.95 * best, path
+        # about 100 steps of memory (decay 0.99): the noise scale is rough (0.8x-2.6x
+        # here), and goodput is flat enough near its peak that the plan is still good
+        assert 0.3 * PHI < sc.noise.phi < 3 * PHI
+
+
+def test_the_residual_model_corrects_a_wrong_throughput_prediction():
+    # the rank model misses a slowdown at large batches (memory traffic): the measured step
+    # time grows by (B / 512)^2 on top; planning on the prediction alone would go to ~283
+    def real(batch):
+        return affine(batch) * (1.0 + (batch / 512.0) ** 2)
+
+    grid = np.unique(np.round(np.geomspace(16, 4096, 4000)))
+    best = max(goodput(b, real) for b in grid)
+    for seed in range(3):
+        _, batch, path = drive(real, affine, seed, rounds=16)
+        assert goodput(batch, real) >= 0.93 * best, path
+
+
+def test_validation_keeps_only_shown_gains():
+    rng = np.random.default_rng(0)
+    sc = BatchScaler(GlobalBatchScaling(16, 4096, min_gain=0.05), B0, N)
+    feed_noise(sc, rng)
+    eff = (PHI + B0) / (PHI + 128) * 128 / B0  # progress per step, 128 against 64
+
+    def verdict(time_ratio):
+        old = 0.05 * np.exp(rng.normal(0, 0.05, 60))
+        new = 0.05 * time_ratio * np.exp(rng.normal(0, 0.05, 30))
+        return sc.validate(B0, 128, old, new)
+
+    # goodput x1.25 (the step at 128 takes 1.5x): kept; x0.9: rolled back; x1.02: too small
+    kept = verdict(eff / 1.25)
+    assert kept.keep and kept.gain == pytest.approx(1.25, rel=0.05) and kept.lower > 1.0
+    assert not verdict(eff / 0.9).keep
+    assert not verdict(eff / 1.02).keep
+
+
+def test_waits_for_noise_evidence_and_round_trips():
+    rng = np.random.default_rng(0)
+    cfg = GlobalBatchScaling(16, 4096, min_noise_steps=100, windows_between=1)
+    sc = BatchScaler(cfg, B0, N)
+    sc.record(B0, np.full(30, 0.036), affine(B0))
+    assert not sc.ready and sc.propose(B0, affine) is None
+    feed_noise(sc, rng)
+    assert sc.ready
+    saved = json.loads(json.dumps(sc.state_dict()))
+    again = BatchScaler(cfg, B0, N)
+    again.load_state_dict(saved)
+    assert again.propose(B0, affine) == sc.propose(B0, affine)
+    assert sc.lr_factor(B0) == 1.0
+    assert sc.lr_factor(4 * B0) == pytest.approx(2.0)  # the default rule is sqrt
+    ada = BatchScaler(GlobalBatchScaling(16, 4096, lr_rule="adascale"), B0, N)
+    ada.load_state_dict(saved)
+    assert 1.0 < ada.lr_factor(4 * B0) < 4.0
+    assert math.isclose(ada.lr_factor(4 * B0), 4 * ada.efficiency(4 * B0), rel_tol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"min_global_batch": 0, "max_global_batch": 8}, "min_global_batch"),
+        ({"min_global_batch": 8, "max_global_batch": 8}, "max_global_batch"),
+        ({"min_global_batch": 8, "max_global_batch": 64, "lr_rule": "cubic"}, "lr_rule"),
+        ({"min_global_batch": 8, "max_global_batch": 64, "confidence": 1.0}, "confidence"),
+        ({"min_global_batch": 8, "max_global_batch": 64, "candidates": 1}, "candidates"),
+    ],
+)
+def test_bad_settings_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GlobalBatchScaling(**kwargs)
+
+
+def test_the_run_must_fit_the_range():
+    with pytest.raises(ValueError, match="outside"):
+        BatchScaler(GlobalBatchScaling(128, 1024), 64, N)
+    with pytest.raises(ValueError, match="world size"):
+        BatchScaler(GlobalBatchScaling(2, 1024), 64, N)
