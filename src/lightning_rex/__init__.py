@@ -8,6 +8,7 @@
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_rex.__about__ import __version__
+from lightning_rex.core.batch_scaling import GlobalBatchScaling
 from lightning_rex.core.plan import Plan, even_plan, round_fractions, validate_plan
 from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.state import StateError
@@ -21,6 +22,7 @@ from lightning_rex.tools.emulator import HeterogeneityEmulator
 RexStrategy.register_strategies(StrategyRegistry)
 
 __all__ = [
+    "GlobalBatchScaling",
     "HeterogeneityEmulator",
     "Plan",
     "PlanSchedule",

@@ -391,3 +391,31 @@ def test_finds_the_best_plan_past_an_unvisited_staircase_edge(looks):
         assert first + 1 <= 3 * looks, (seed, ratio)
         assert max(ratio[first:]) <= 1.05, (seed, ratio)
         assert min(c.plan[:2]) > 64
+
+
+def test_global_batch_changes_keep_the_model_and_round_trip():
+    # global batch scaling: the controller predicts the best plan for another B from the
+    # same rank model, moves to it when told, and saves and restores the new B
+    rng = np.random.default_rng(0)
+    c = Controller(512, 4, seed=0, max_global_batch=2048)
+    drive(c, rng, 4)
+    plan, t = c.predict_step_time(1024)
+    assert sum(plan) == 1024 and plan[0] < plan[-1]  # the slow rank gets the least
+    truth = 0.004 + np.asarray(plan) / RATES
+    assert t == pytest.approx(truth.max(), rel=0.1)
+    _, t512 = c.predict_step_time(512)
+    assert t > t512
+    c.set_global_batch(1024, plan)
+    assert c.global_batch == 1024 and c.plan == plan and c.state == "steady"
+    d = c.observe(window(plan, rng, 400))
+    assert d.kind == "hold" and "outside" not in d.reason  # the new plan is the plan in force
+    state = json.loads(json.dumps(c.state_dict()))
+    again = Controller(512, 4, seed=0, max_global_batch=2048)
+    again.load_state_dict(state)
+    assert again.global_batch == 1024 and again.plan == plan
+    with pytest.raises(ValueError, match="max_global_batch"):
+        c.set_global_batch(4096, (1024,) * 4)
+    with pytest.raises(ValueError, match="sum"):
+        c.set_global_batch(1024, (256, 256, 256, 255))
+    with pytest.raises(RuntimeError, match="at least one window"):
+        Controller(512, 4).predict_step_time(1024)

@@ -234,3 +234,91 @@ def test_permutation_is_ddps_randperm() -> None:
     g = torch.Generator()
     g.manual_seed(15)
     assert list(iter(s.sampler)) == torch.randperm(50, generator=g).tolist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n_samples=st.integers(0, 400),
+    world=st.integers(1, 5),
+    accumulate=st.integers(1, 3),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 10_000),
+    schedule_seed=st.integers(0, 10_000),
+    resume_at=st.one_of(st.none(), st.integers(0, 60)),
+)
+def test_global_batch_changes_mid_epoch_keep_exactly_once_coverage(
+    n_samples: int,
+    world: int,
+    accumulate: int,
+    drop_last: bool,
+    seed: int,
+    schedule_seed: int,
+    resume_at: int | None,
+) -> None:
+    """Global batch scaling: plans of another ``B`` scheduled at any free step, mid-epoch,
+    and a checkpoint and resume anywhere: every rank yields the same number of batches, the
+    batches are contiguous slices of one permutation, and every sample the epoch keeps is
+    used exactly once."""
+    lo, hi = world, 8 * world
+    rng = random.Random(schedule_seed)
+
+    def make() -> list[UnevenBatchSampler]:
+        return [
+            UnevenBatchSampler(
+                n_samples,
+                2 * world,
+                even_plan(2 * world, world),
+                r,
+                seed=seed,
+                drop_last=drop_last,
+                accumulate_grad_batches=accumulate,
+                batch_range=(lo, hi),
+            )
+            for r in range(world)
+        ]
+
+    samplers = make()
+    for epoch in range(2):
+        for s in samplers:
+            s.set_epoch(epoch)
+        iters = [iter(s) for s in samplers]
+        per_rank: list[list[list[int]]] = [[] for _ in range(world)]
+        done = [False] * world
+        batches = 0
+        while not all(done):
+            for r in range(world):
+                if not done[r]:
+                    try:
+                        per_rank[r].append(next(iters[r]))
+                    except StopIteration:
+                        done[r] = True
+            batches += 1
+            if rng.random() < 0.3:
+                fetched = max(s.last_fetched_step() for s in samplers)
+                step = fetched + 1 + rng.randint(0, 2)
+                new = (
+                    _random_plan(rng, rng.randint(lo, hi), world)
+                    if world > 1
+                    else (rng.randint(lo, hi),)
+                )
+                for s in samplers:
+                    s.schedule_plan(new, step)
+            if epoch == 0 and resume_at is not None and batches == resume_at and not any(done):
+                # a checkpoint after the batches trained so far, then a fresh process
+                consumed = len(per_rank[0])
+                assert {len(b) for b in per_rank} == {consumed}
+                states = [s.state_dict(consumed) for s in samplers]
+                samplers = make()
+                for s, st_ in zip(samplers, states):
+                    s.load_state_dict(st_)
+                iters = [iter(s) for s in samplers]
+        counts = {len(b) for b in per_rank}
+        assert len(counts) == 1, "every rank yields the same number of batches"
+        perm = list(iter(samplers[0].sampler))
+        seen = [i for k in range(counts.pop()) for r in range(world) for i in per_rank[r][k]]
+        assert all(len(per_rank[r][k]) >= 1 for r in range(world) for k in range(len(per_rank[r])))
+        assert seen == perm[: len(seen)], "contiguous slices of one permutation, in order"
+        assert len(seen) == len(set(seen)), "no sample twice"
+        # what is left over is a final partial batch: too small for every rank, or dropped
+        left = n_samples - len(seen)
+        assert left < (hi if drop_last else world)

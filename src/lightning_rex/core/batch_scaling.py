@@ -52,6 +52,14 @@ from lightning_rex.core.validation import long_run_variance, non_inferiority
 __all__ = ["BatchScaler", "BatchVerdict", "GlobalBatchScaling"]
 
 
+def _log_time(seconds: float) -> float:
+    """``log`` of a predicted step time, +inf (no goodput) where it is not positive.
+
+    An affine fit far below the sizes it has seen can extrapolate to a negative time.
+    """
+    return math.log(seconds) if seconds > 0 and math.isfinite(seconds) else math.inf
+
+
 @dataclass(frozen=True)
 class GlobalBatchScaling:
     """Opt-in global batch scaling: ``RexCallback(global_batch=GlobalBatchScaling(...))``.
@@ -190,7 +198,7 @@ class BatchScaler:
         t = np.log(np.asarray(step_times, dtype=np.float64))
         if t.size < 2 or not np.all(np.isfinite(t)) or not predicted_s > 0:
             return
-        var = max(long_run_variance(t) / t.size, 1e-8)
+        var = max(long_run_variance(t) / t.size, 1e-6)
         self._obs.append(_Obs(int(batch), float(t.mean()), var, math.log(predicted_s)))
         self._obs = self._obs[-64:]
         self._since += 1
@@ -231,7 +239,7 @@ class BatchScaler:
             ``(mean, sd)`` arrays.
         """
         b = np.asarray(batches, dtype=np.int64)
-        prior = np.array([math.log(predict(int(x))) for x in b])
+        prior = np.array([_log_time(predict(int(x))) for x in b])
         eff = np.log([self.efficiency(float(x)) for x in b])
         resid_mean, resid_sd = self._residual(b)
         mean = np.log(b) + eff - (prior + resid_mean)
@@ -279,7 +287,7 @@ class BatchScaler:
         # UpperConfidenceBound of r for minimisation, -(mean_r - sqrt(beta) sd_r). Every
         # candidate of the small grid is evaluated (what optimize_acqf_discrete would do).
         known = np.log(grid) + np.log([self.efficiency(float(x)) for x in grid])
-        known -= np.array([math.log(predict(int(x))) for x in grid])
+        known -= np.array([_log_time(predict(int(x))) for x in grid])
         if self._obs:
             from botorch.acquisition import UpperConfidenceBound
 
@@ -290,6 +298,8 @@ class BatchScaler:
             ucb = mean + self.config.beta * sd
         best = int(np.argmax(ucb))
         cur = int(np.flatnonzero(grid == current)[0])
+        if not (math.isfinite(mean[best]) and math.isfinite(mean[cur])):
+            return None
         gain = math.exp(mean[best] - mean[cur])
         if grid[best] == current or gain < 1.0 + self.config.min_gain:
             return None

@@ -41,7 +41,7 @@ from lightning_rex.core.model import RankTimeModel
 from lightning_rex.core.persistence import cold_start_ranks, persistent_ranks
 from lightning_rex.core.plan import Plan, even_plan, validate_plan
 from lightning_rex.core.planner import exploration_kappa, resolve_bounds
-from lightning_rex.core.proposal import propose_plan
+from lightning_rex.core.proposal import best_plan_for, propose_plan
 from lightning_rex.core.significance import (
     ImbalanceResult,
     WindowHistory,
@@ -95,6 +95,8 @@ class Controller:
         groups: Per-rank device labels (None entries for unlabelled ranks), or None. Ranks
             with the same label share one time curve until one of them changes speed (see
             :class:`~lightning_rex.core.model.RankTimeModel`).
+        max_global_batch: The largest global batch the run may move to (global batch
+            scaling, :meth:`set_global_batch`); None: ``global_batch`` stays.
         looks: Looks per window: with more than one, :meth:`observe` takes segments of a
             window (``window_steps / looks`` steps each) and acts before the window is whole
             when the evidence is already clear (:mod:`~lightning_rex.core.looks`).
@@ -126,6 +128,7 @@ class Controller:
         groups: Sequence[str | None] | None = None,
         looks: int = 1,
         window_steps: int | None = None,
+        max_global_batch: int | None = None,
     ) -> None:
         if int(looks) != looks or looks < 1:
             raise ValueError(f"looks must be an integer >= 1, got {looks}")
@@ -162,7 +165,7 @@ class Controller:
         self.model = RankTimeModel(
             world_size,
             global_batch,
-            global_batch - (world_size - 1),
+            max(global_batch, max_global_batch or 0) - (world_size - 1),
             num_basis=num_basis,
             memory=memory,
             seed=seed,
@@ -217,6 +220,56 @@ class Controller:
         self._lo, self._hi = resolve_bounds(self.world_size, self.global_batch, min_size, max_sizes)
         self.min_size = int(min_size)
         self.max_sizes = None if max_sizes is None else list(max_sizes)
+
+    def predict_step_time(self, global_batch: int) -> tuple[Plan, float]:
+        """The model's best plan for another global batch, and its predicted step time.
+
+        Args:
+            global_batch: The global batch (within the size bounds).
+
+        Returns:
+            ``(plan, seconds)`` (:func:`~lightning_rex.core.proposal.best_plan_for`).
+
+        Raises:
+            RuntimeError: Before the first window.
+        """
+        if self.model.n_obs == 0:
+            raise RuntimeError("predict_step_time needs at least one window")
+        lo, hi = resolve_bounds(self.world_size, global_batch, self.min_size, self.max_sizes)
+        return best_plan_for(self.model, lo, hi, global_batch)
+
+    def set_global_batch(self, global_batch: int, plan: Sequence[int]) -> None:
+        """Move to another global batch with ``plan`` (a validated batch scaling change).
+
+        The global batch's own validation (goodput) is the caller's; the controller takes
+        ``plan`` as the plan in force, keeps what its model learnt (rank times depend on the
+        sizes, not on ``B``) and monitors from the next window. A proposal or rollback in
+        flight is dropped.
+
+        Args:
+            global_batch: The new ``B``.
+            plan: Its plan, summing to ``global_batch`` within the bounds.
+
+        Raises:
+            ValueError: If the plan is malformed or breaks the bounds, or ``B`` exceeds the
+                model's largest batch (``max_global_batch``).
+        """
+        limit = self.model.b_max + self.world_size - 1
+        if global_batch > limit:
+            raise ValueError(f"global_batch={global_batch} exceeds max_global_batch={limit}")
+        p = validate_plan(plan, global_batch, self.world_size, name="plan")
+        lo, hi = resolve_bounds(self.world_size, global_batch, self.min_size, self.max_sizes)
+        if bool(np.any(np.asarray(p) < lo) or np.any(np.asarray(p) > hi)):
+            raise ValueError(f"plan {p} breaks the size bounds")
+        self.global_batch = int(global_batch)
+        self._lo, self._hi = lo, hi
+        self._plan, self._state = p, "steady"
+        self._pending = self._previous = self._rejected = None
+        self._predicted, self._baseline, self._reference = None, None, None
+        self._trial, self._changed, self._rolled_back = [], False, False
+        self._recent, self._before = [], []
+        if self._segments is not None:
+            self._segments.clear()
 
     def decline(self) -> None:
         """Tell the controller that its last plan will not be applied.
@@ -606,6 +659,7 @@ class Controller:
     def state_dict(self) -> dict[str, Any]:
         """The full state as JSON-able data (configuration is not included)."""
         return {
+            "global_batch": self.global_batch,
             "plan": list(self._plan),
             "state": self._state,
             "pending": None if self._pending is None else list(self._pending),
@@ -644,6 +698,7 @@ class Controller:
                 (see :meth:`check_state`).
         """
         c = self.check_state(d, self.global_batch, self.world_size)
+        self.global_batch = sum(c["plan"])
         try:
             self.set_bounds(c["min_size"], c["max_sizes"])
         except ValueError as err:

@@ -37,6 +37,9 @@ def check_controller_state(
     Raises:
         StateError: Naming the first field that is missing or breaks an invariant.
     """
+    # with global batch scaling the controller may run at another B than the run's first
+    if isinstance(d, dict) and "global_batch" in d:
+        global_batch = whole(d["global_batch"], f"{name}.global_batch", world_size)
 
     def plan(key: str) -> Plan | None:
         v = optional(field(d, key, name), int_list, f"{name}.{key}", world_size, 1)

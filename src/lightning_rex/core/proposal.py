@@ -16,7 +16,30 @@ from lightning_rex.core.model import RankTimeModel
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.planner import size_horizon, water_fill
 
-__all__ = ["propose_plan"]
+__all__ = ["best_plan_for", "propose_plan"]
+
+
+def best_plan_for(
+    model: RankTimeModel, lo: np.ndarray, hi: np.ndarray, global_batch: int
+) -> tuple[Plan, float]:
+    """The posterior-mean best plan for a global batch, and its predicted step time.
+
+    What global batch scaling plans throughput on: the same water-filling as a proposal, on
+    the posterior mean (no exploration), for any ``B`` the bounds hold.
+
+    Args:
+        model: The rank time model (at least one window held).
+        lo: Per-rank minimum sizes for ``global_batch``.
+        hi: Per-rank maximum sizes for ``global_batch``.
+        global_batch: The global batch.
+
+    Returns:
+        ``(plan, predicted synchronous step time in seconds)``.
+    """
+    g = int(np.max(hi))
+    mean, _ = model.predict_grid(np.arange(1, g + 1))
+    plan = water_fill(mean, global_batch, lo, hi)
+    return plan, float(mean[np.arange(len(plan)), np.asarray(plan) - 1].max())
 
 
 def propose_plan(

@@ -125,12 +125,17 @@ class PlanSchedule:
 
     Args:
         initial: The plan in force from ``start`` (and before it).
-        global_batch: The global batch ``B`` every plan sums to.
+        global_batch: The global batch ``B`` every plan sums to (the run's base batch when
+            ``batch_range`` is given).
         bounds: The size bounds every plan obeys.
         start: The step of the initial entry.
+        batch_range: ``(min, max)`` global batches when the global batch may change (global
+            batch scaling): a plan may then sum to any ``B`` in the range. None: every plan
+            sums to ``global_batch``.
 
     Raises:
-        ValueError: If the bounds cannot hold ``B`` or the initial plan breaks them.
+        ValueError: If the bounds cannot hold ``B`` or the initial plan breaks them, or the
+            range does not hold ``B``.
     """
 
     def __init__(
@@ -139,14 +144,47 @@ class PlanSchedule:
         global_batch: int,
         bounds: SizeBounds | None = None,
         start: int = 0,
+        batch_range: tuple[int, int] | None = None,
     ) -> None:
         self.bounds = bounds or SizeBounds()
         self.global_batch = int(global_batch)
         self.world_size = len(initial)
+        self.batch_range: tuple[int, int] | None = None
+        if batch_range is not None:
+            lo, hi = int(batch_range[0]), int(batch_range[1])
+            if not lo <= self.global_batch <= hi:
+                raise ValueError(
+                    f"the global batch range [{lo}, {hi}] does not hold B={self.global_batch}"
+                )
+            self.batch_range = (lo, hi)
         self.bounds.check_feasible(self.global_batch, self.world_size)
         plan = self.bounds.check(initial, self.global_batch, "micro_batch_sizes")
         self._steps: list[int] = [int(start)]
         self._plans: list[Plan] = [plan]
+
+    def _check(self, sizes: Sequence[int], name: str = "sizes") -> Plan:
+        """A plan checked against the bounds and ``B`` (or the range of ``B``)."""
+        if self.batch_range is None:
+            return self.bounds.check(sizes, self.global_batch, name)
+        total = sum(int(b) for b in sizes)
+        lo, hi = self.batch_range
+        if not lo <= total <= hi:
+            raise ValueError(
+                f"{name} sum to a global batch of {total}, outside the range [{lo}, {hi}]"
+            )
+        self.bounds.check_feasible(total, len(sizes))
+        return self.bounds.check(sizes, total, name)
+
+    def batch_at(self, step: int) -> int:
+        """The global batch in force at ``step`` (the sum of its plan).
+
+        Args:
+            step: The step.
+
+        Returns:
+            ``sum(plan_at(step))``.
+        """
+        return sum(self.plan_at(step))
 
     @property
     def entries(self) -> list[tuple[int, Plan]]:
@@ -181,15 +219,15 @@ class PlanSchedule:
             The validated plan.
 
         Raises:
-            ValueError: If the plan has the wrong length, does not sum to ``B`` or breaks the
-                bounds.
+            ValueError: If the plan has the wrong length, does not sum to ``B`` (or to a batch
+                in the range) or breaks the bounds.
         """
         if len(sizes) != self.world_size:
             raise ValueError(
                 f"sizes must have one entry per rank: expected {self.world_size} entries, got "
                 f"{len(sizes)} ({list(sizes)})"
             )
-        plan = self.bounds.check(sizes, self.global_batch)
+        plan = self._check(sizes)
         i = bisect.bisect_left(self._steps, int(step))
         del self._steps[i:], self._plans[i:]
         self._steps.append(int(step))
@@ -203,7 +241,7 @@ class PlanSchedule:
             plan: The new initial plan.
             start: Its step.
         """
-        self._steps, self._plans = [int(start)], [self.bounds.check(plan, self.global_batch)]
+        self._steps, self._plans = [int(start)], [self._check(plan)]
 
     def state_dict(self) -> list[list[Any]]:
         """The entries as JSON-able ``[[step, [sizes...]], ...]``."""
@@ -236,7 +274,7 @@ class PlanSchedule:
                 )
             sizes = int_list(e[1], f"{where}[1]", self.world_size)
             try:
-                plan = self.bounds.check(sizes, self.global_batch, "plan")
+                plan = self._check(sizes, "plan")
             except ValueError as err:
                 raise StateError(f"{where}[1]", str(err)) from None
             steps.append(step)

@@ -83,6 +83,7 @@ def build_rex_loader(
     bounds: SizeBounds | None = None,
     plans: PlanSchedule | None = None,
     use_distributed_sampler: bool = True,
+    batch_range: tuple[int, int] | None = None,
 ) -> RexDataLoader:
     """Rebuild a user's train DataLoader around an :class:`UnevenBatchSampler`.
 
@@ -96,6 +97,8 @@ def build_rex_loader(
         bounds: The size bounds every plan obeys.
         plans: The run's plan schedule when the loader is rebuilt; None starts one.
         use_distributed_sampler: The Trainer's flag; REX needs it True for training.
+        batch_range: ``(min, max)`` global batches plans may sum to (global batch scaling),
+            or None.
 
     Returns:
         The processed loader.
@@ -147,6 +150,7 @@ def build_rex_loader(
         step_source=step_source,
         bounds=bounds,
         plans=plans,
+        batch_range=batch_range,
     )
     batch_sampler.set_epoch(int(sampler.epoch))
     kwargs: dict[str, Any] = {

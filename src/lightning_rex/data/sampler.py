@@ -15,6 +15,13 @@ optimization, however many optimizers it steps). Batch ``i`` of an epoch belongs
 ``epoch_start_step + i // accumulate_grad_batches``, so a gradient-accumulation window always
 uses one plan, and a plan change never reaches a batch that was already fetched.
 
+With global batch scaling the schedule's plans may sum to different global batches. The
+epoch's grid is then piecewise: from the first batch of a step whose plan changes ``B``, the
+rest of the epoch is cut into batches of the new ``B`` from the first sample the batches
+before it did not take (:func:`batch_grid`), as when a run resumes on another world size. A
+change is scheduled only at a step no rank has fetched, so every rank cuts the same grid, and
+every sample of the epoch is still used once.
+
 The sampler is the home of the run's :class:`~lightning_rex.core.schedule.PlanSchedule` (the
 window driver's :class:`~lightning_rex.driver.protocols.PlanTarget`): every plan it serves is
 checked against the global batch and the size bounds, and so is every entry of a
@@ -33,7 +40,80 @@ from lightning_rex.core.plan import Plan, even_plan, split_in_proportion
 from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.state import StateError, field, int_list, whole
 
-__all__ = ["UnevenBatchSampler"]
+__all__ = ["UnevenBatchSampler", "batch_grid", "grid_first_sample", "grid_length"]
+
+Grid = list[tuple[int, int, int]]
+"""An epoch's batch grid: ``(first batch, its first sample, global batch)`` segments."""
+
+
+def batch_grid(
+    plans: PlanSchedule,
+    num_samples: int,
+    origin: tuple[int, int],
+    epoch_start_step: int,
+    accumulate: int,
+) -> Grid:
+    """An epoch's batch grid: where each run of batches of one global batch starts.
+
+    Args:
+        plans: The plan schedule (its plans' sums are the global batches).
+        num_samples: The epoch's samples.
+        origin: ``(batch, sample)``: batch ``batch`` starts at sample ``sample`` (``(0, 0)``
+            except in an epoch resumed on another world size).
+        epoch_start_step: The step of the epoch's first batch.
+        accumulate: Batches per step.
+
+    Returns:
+        Segments in batch order; a schedule entry that changes the global batch at a batch
+        the epoch still reaches starts a new one at the first sample not yet taken.
+    """
+    ob, os_ = origin
+    grid: Grid = [(ob, os_, plans.batch_at(epoch_start_step + ob // accumulate))]
+    for step, plan in plans.entries:
+        k = (step - epoch_start_step) * accumulate
+        fb, fs, gb = grid[-1]
+        b = sum(plan)
+        if k <= fb or b == gb:
+            continue
+        first = fs + (k - fb) * gb
+        if first >= num_samples:
+            break
+        grid.append((k, first, b))
+    return grid
+
+
+def grid_first_sample(grid: Grid, index: int) -> int:
+    """The first sample of batch ``index`` on a grid.
+
+    Args:
+        grid: The epoch's grid.
+        index: The batch index.
+
+    Returns:
+        The permutation position its global batch starts at.
+    """
+    for fb, fs, gb in reversed(grid):
+        if index >= fb:
+            return fs + (index - fb) * gb
+    fb, fs, gb = grid[0]
+    return fs + (index - fb) * gb
+
+
+def grid_length(grid: Grid, num_samples: int, world_size: int, drop_last: bool) -> int:
+    """Batches in an epoch on a grid (a final partial batch needs a sample for every rank).
+
+    Args:
+        grid: The epoch's grid.
+        num_samples: The epoch's samples.
+        world_size: The number of ranks.
+        drop_last: Drop the final partial batch.
+
+    Returns:
+        The number of batches.
+    """
+    fb, fs, gb = grid[-1]
+    full, rem = divmod(max(0, num_samples - fs), gb)
+    return fb + full + (1 if (rem >= world_size and not drop_last) else 0)
 
 
 class _Sized:
@@ -69,6 +149,8 @@ class UnevenBatchSampler(Sampler[list[int]]):
         plans: An existing plan schedule to serve (a train loader rebuilt in the same run,
             with ``reload_dataloaders_every_n_epochs``, keeps the run's one schedule); None
             starts one from ``plan``.
+        batch_range: ``(min, max)`` global batches a plan may sum to (global batch scaling);
+            None keeps every plan at ``global_batch``.
 
     Raises:
         ValueError: Naming the argument, for a bad plan, rank or bounds that cannot hold
@@ -89,6 +171,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         step_source: Callable[[], int] | None = None,
         bounds: SizeBounds | None = None,
         plans: PlanSchedule | None = None,
+        batch_range: tuple[int, int] | None = None,
     ) -> None:
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
@@ -104,7 +187,11 @@ class UnevenBatchSampler(Sampler[list[int]]):
                 f"the plan schedule is for B={plans.global_batch} over {plans.world_size} "
                 f"ranks, not B={global_batch} over {len(plan)}"
             )
-        self._plans = plans if plans is not None else PlanSchedule(plan, global_batch, bounds)
+        self._plans = (
+            plans
+            if plans is not None
+            else PlanSchedule(plan, global_batch, bounds, batch_range=batch_range)
+        )
         self.num_samples = num_samples
         self.global_batch = global_batch
         self.rank = rank
@@ -131,6 +218,8 @@ class UnevenBatchSampler(Sampler[list[int]]):
         # checkpoint made with another global batch (another world size).
         self._origin_batch = 0
         self._origin_sample = 0
+        # the epoch whose iteration has begun (its grid is the one in use)
+        self._iter_epoch: int | None = None
 
     # ------------------------------------------------------------------ epochs and length
     @property
@@ -146,12 +235,23 @@ class UnevenBatchSampler(Sampler[list[int]]):
         """
         self.sampler.set_epoch(epoch)
 
+    def _grid(self) -> Grid:
+        start, origin = self._epoch_start_step, (self._origin_batch, self._origin_sample)
+        if self._resume_at is None and self._finished is None and self._iter_epoch != self.epoch:
+            # set_epoch moved on and the epoch has not started: its grid starts afresh at the
+            # step it will start at (a global batch scheduled there changes its length)
+            start = (
+                self.step_source() if self.step_source is not None else self._next_epoch_start_step
+            )
+            origin = (0, 0)
+        return batch_grid(
+            self._plans, self.num_samples, origin, start, self.accumulate_grad_batches
+        )
+
     def __len__(self) -> int:
         if self._finished is not None and self._finished[0] == self.epoch:
             return self._finished[1]
-        full, rem = divmod(self.num_samples - self._origin_sample, self.global_batch)
-        tail = 1 if (rem >= self.world_size and not self.drop_last) else 0
-        return self._origin_batch + full + tail
+        return grid_length(self._grid(), self.num_samples, self.world_size, self.drop_last)
 
     # ------------------------------------------------------------------ plan schedule
     @property
@@ -252,14 +352,13 @@ class UnevenBatchSampler(Sampler[list[int]]):
             The plan for a full global batch, or the proportional split of the final one.
         """
         plan = self.plan_at(self.step_of_batch(index))
-        remaining = self.num_samples - self._origin_sample
-        full = remaining // self.global_batch
-        if index - self._origin_batch < full:
+        remaining = self.num_samples - self._first_sample(index)
+        if remaining >= sum(plan):
             return plan
-        return split_in_proportion(remaining - full * self.global_batch, plan)
+        return split_in_proportion(remaining, plan)
 
     def _first_sample(self, index: int) -> int:
-        return self._origin_sample + (index - self._origin_batch) * self.global_batch
+        return grid_first_sample(self._grid(), index)
 
     def __iter__(self) -> Iterator[list[int]]:
         if self._finished is not None:
@@ -269,6 +368,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
                 self._fetched = done
                 return
         perm = list(iter(self.sampler))
+        self._iter_epoch = self.epoch
         if self._resume_at is not None:
             start, self._resume_at = self._resume_at, None
             # the epoch start step was restored by load_state_dict
@@ -279,15 +379,21 @@ class UnevenBatchSampler(Sampler[list[int]]):
                 self.step_source() if self.step_source is not None else self._next_epoch_start_step
             )
         self._fetched = start
-        n = len(self)
-        self._next_epoch_start_step = self._epoch_start_step + math.ceil(
-            n / self.accumulate_grad_batches
-        )
-        for i in range(start, n):
+        i = start
+        # the length is read again at every batch: a change of the global batch scheduled
+        # during the epoch re-cuts the rest of it
+        while i < (n := len(self)):
+            self._next_epoch_start_step = self._epoch_start_step + math.ceil(
+                n / self.accumulate_grad_batches
+            )
             sizes = self.sizes_for_batch(i)
             lo = self._first_sample(i) + sum(sizes[: self.rank])
             self._fetched = i + 1
             yield perm[lo : lo + sizes[self.rank]]
+            i += 1
+        self._next_epoch_start_step = self._epoch_start_step + math.ceil(
+            len(self) / self.accumulate_grad_batches
+        )
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self, consumed: int) -> dict[str, Any]:
@@ -338,16 +444,23 @@ class UnevenBatchSampler(Sampler[list[int]]):
         world = whole(field(state, "world_size", name), f"{name}.world_size", 1)
         gb = whole(field(state, "global_batch", name), f"{name}.global_batch", world)
         same = world == self.world_size and gb == self.global_batch
-        saved = PlanSchedule(even_plan(gb, world), gb, self.bounds if same else None)
+        ranged = self._plans.batch_range if same else None
+        try:
+            saved = PlanSchedule(
+                even_plan(gb, world), gb, self.bounds if same else None, batch_range=ranged
+            )
+        except ValueError as err:
+            raise StateError(f"{name}.global_batch", str(err)) from None
         saved.load_state_dict(field(state, "schedule", name), f"{name}.schedule")
         ob, os_ = int_list(field(state, "origin", name), f"{name}.origin", 2, 0)
         if os_ > n:
             raise StateError(f"{name}.origin", f"starts at sample {os_}, past the epoch's {n}")
-        full, rem = divmod(n - os_, gb)
-        length = ob + full + (1 if rem >= world and not self.drop_last else 0)
+        start = whole(field(state, "epoch_start_step", name), f"{name}.epoch_start_step", 0)
+        grid = batch_grid(saved, n, (ob, os_), start, self.accumulate_grad_batches)
+        length = grid_length(grid, n, world, self.drop_last)
         consumed = whole(field(state, "consumed", name), f"{name}.consumed", ob, length)
         done = whole(field(state, "consumed_samples", name), f"{name}.consumed_samples", 0, n)
-        expect = n if consumed >= length else min(n, os_ + (consumed - ob) * gb)
+        expect = n if consumed >= length else min(n, grid_first_sample(grid, consumed))
         if done != expect:
             raise StateError(
                 f"{name}.consumed_samples",
@@ -358,9 +471,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
             "consumed": consumed,
             "consumed_samples": done,
             "origin": (ob, os_),
-            "epoch_start_step": whole(
-                field(state, "epoch_start_step", name), f"{name}.epoch_start_step", 0
-            ),
+            "epoch_start_step": start,
             "schedule": saved,
             "same_world": same,
             "finished": consumed >= length,

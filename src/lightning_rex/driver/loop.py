@@ -280,7 +280,11 @@ class WindowDriver:
         """
         sched = self.target.plan_schedule
         n, b, bounds = sched.world_size, sched.global_batch, sched.bounds
-        saved = None if state is None else check_state(state, n, b, bounds, self._check_decider)
+        saved = (
+            None
+            if state is None
+            else check_state(state, n, b, bounds, self._check_decider, sched.batch_range)
+        )
         run_id = saved["run_id"] if saved is not None else uuid.uuid4().hex[:12]
         free = self.target.first_free_step()
         mine = None if self._failure is None else self._failure[1]

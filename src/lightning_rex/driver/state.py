@@ -76,8 +76,25 @@ def pending_to_state(entry: Pending) -> dict[str, Any]:
     }
 
 
+def _check_plan(
+    plan: Any, global_batch: int, bounds: SizeBounds, batch_range: tuple[int, int] | None
+) -> Plan:
+    """A saved plan checked like the schedule checks it (any ``B`` of the range, if any)."""
+    if batch_range is not None:
+        total = sum(int(b) for b in plan)
+        if not batch_range[0] <= total <= batch_range[1]:
+            raise ValueError(f"plan sums to {total}, outside the global batch range {batch_range}")
+        global_batch = total
+    return bounds.check(plan, global_batch, "plan")
+
+
 def pending_from_state(
-    d: Any, name: str, world_size: int, global_batch: int, bounds: SizeBounds
+    d: Any,
+    name: str,
+    world_size: int,
+    global_batch: int,
+    bounds: SizeBounds,
+    batch_range: tuple[int, int] | None = None,
 ) -> Pending:
     """Rebuild a queued entry, checking it (its plan as strictly as any plan).
 
@@ -87,6 +104,7 @@ def pending_from_state(
         world_size: The number of ranks.
         global_batch: The global batch ``B``.
         bounds: The size bounds.
+        batch_range: The range of ``B`` under global batch scaling, or None.
 
     Returns:
         The entry, ready to be exchanged.
@@ -122,7 +140,7 @@ def pending_from_state(
                 f"{name}.decision.plan", f"must have {world_size} entries, got {len(decision.plan)}"
             )
         try:
-            bounds.check(decision.plan, global_batch, "plan")
+            _check_plan(decision.plan, global_batch, bounds, batch_range)
         except ValueError as err:
             raise StateError(f"{name}.decision.plan", str(err)) from None
         if decision.kind not in ("propose", "rollback"):
@@ -136,6 +154,7 @@ def check_state(
     global_batch: int,
     bounds: SizeBounds,
     check_decider: Callable[[Any, int, int], Any] | None = None,
+    batch_range: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Check a driver state against this run, before anything is restored.
 
@@ -145,6 +164,7 @@ def check_state(
         global_batch: This run's global batch ``B``.
         bounds: This run's size bounds.
         check_decider: Checks the decider's state (``Controller.check_state``), or None.
+        batch_range: The range of ``B`` under global batch scaling, or None.
 
     Returns:
         The state, normalised; ``same_world`` says whether it was made with this run's
@@ -177,7 +197,7 @@ def check_state(
         raise StateError(f"{name}.window_plan", "must be a plan while the window holds steps")
     if plan is not None:
         try:
-            plan = bounds.check(plan, global_batch, "plan")
+            plan = _check_plan(plan, global_batch, bounds, batch_range)
         except ValueError as err:
             raise StateError(f"{name}.window_plan", str(err)) from None
     out["window_plan"] = plan
@@ -186,7 +206,7 @@ def check_state(
     if not isinstance(pend, list):
         raise StateError(f"{name}.pending", "must be a list")
     out["pending"] = [
-        pending_from_state(p, f"{name}.pending[{i}]", n, global_batch, bounds)
+        pending_from_state(p, f"{name}.pending[{i}]", n, global_batch, bounds, batch_range)
         for i, p in enumerate(pend)
     ]
     out["dropped"] = whole(field(s, "dropped", name), f"{name}.dropped", 0)

@@ -23,11 +23,13 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightning_rex.core.batch_scaling import BatchScaler, GlobalBatchScaling
 from lightning_rex.core.controller import Controller
 from lightning_rex.core.looks import default_looks
 from lightning_rex.core.plan import Plan
+from lightning_rex.core.scaling_decider import ScalingDecider
 from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.driver.exchange import ExchangeMessage
 from lightning_rex.driver.loop import LoopConfig, WindowDriver
@@ -35,6 +37,7 @@ from lightning_rex.driver.protocols import PlanTarget, ScheduleTarget
 from lightning_rex.driver.records import DecisionLog
 from lightning_rex.lightning.collectives import device_key, driver_collectives
 from lightning_rex.lightning.progress import is_step_end, steps_done
+from lightning_rex.lightning.scaling import TrainingScaling
 from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound
 from lightning_rex.measure.timing import ComputeTimer
 
@@ -81,6 +84,11 @@ class RexCallback(Callback):
             docs/controller.md). False models every rank alone.
         log_dir: Where to write ``rex_decisions.jsonl``; default the Trainer's ``log_dir``
             (or ``default_root_dir`` without a logger).
+        global_batch: Global batch scaling (opt-in, off by default): the global batch
+            follows goodput within ``[min_global_batch, max_global_batch]``, each change
+            validated, the learning rate following the chosen rule (see
+            :class:`~lightning_rex.core.batch_scaling.GlobalBatchScaling`). Needs
+            ``strategy="rex"`` and automatic optimization.
 
     Raises:
         ValueError: For arguments outside the ranges above, naming the argument.
@@ -100,6 +108,7 @@ class RexCallback(Callback):
         pool_by_device: bool = True,
         log_dir: str | None = None,
         looks: int | None = None,
+        global_batch: GlobalBatchScaling | None = None,
     ) -> None:
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
@@ -118,6 +127,11 @@ class RexCallback(Callback):
         self.decision_lag, self.background = self.loop.lag, bool(background)
         self.warmup, self.seed, self.log_dir = int(warmup), int(seed), log_dir
         self.pool_by_device = bool(pool_by_device)
+        if global_batch is not None and not isinstance(global_batch, GlobalBatchScaling):
+            raise ValueError(
+                f"global_batch must be a GlobalBatchScaling or None, got {type(global_batch)}"
+            )
+        self.global_batch = global_batch
         # tests and replays only: fn(rank, step, micro_batch) -> seconds replaces measurements
         self._step_time_fn: StepTimeFn | None = None
         self._loaded: dict[str, Any] | None = None
@@ -136,6 +150,7 @@ class RexCallback(Callback):
         self._micro: list[int] = []
         self._comparable = True
         self._started = False
+        self._scaling: TrainingScaling | None = None
 
     # ------------------------------------------------------------------ what it did
     @property
@@ -165,9 +180,31 @@ class RexCallback(Callback):
             return
         self._reset()
         self._trainer = trainer
+        if self.global_batch is not None:
+            self._setup_scaling(trainer, pl_module)
         device = trainer.strategy.root_device
         self._timer = ComputeTimer(device)
         self._telemetry = GpuTelemetry(device)
+
+    def _setup_scaling(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        cfg = self.global_batch
+        assert cfg is not None
+        if not hasattr(trainer.strategy, "batch_range"):
+            raise ValueError(
+                "RexCallback(global_batch=...) needs strategy='rex': plain DDP cannot change "
+                "the global batch"
+            )
+        if not pl_module.automatic_optimization:
+            raise ValueError(
+                "RexCallback(global_batch=...) needs automatic optimization: the noise scale is "
+                "measured at the optimizer step"
+            )
+        if cfg.min_global_batch < trainer.world_size:
+            raise ValueError(
+                f"min_global_batch={cfg.min_global_batch} is below the world size "
+                f"{trainer.world_size}: every rank needs a sample"
+            )
+        trainer.strategy.batch_range = (cfg.min_global_batch, cfg.max_global_batch)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the driver once the train loader (and so the plan schedule) exists."""
@@ -201,7 +238,9 @@ class RexCallback(Callback):
             driver_collectives(device),
             target,
             self._make_controller,
-            check_decider_state=Controller.check_state,
+            check_decider_state=(
+                Controller.check_state if self.global_batch is None else ScalingDecider.check_state
+            ),
             resolve=self._resolve,
             caps=self._caps,
             telemetry=self._sample_telemetry if device.type == "cuda" else None,
@@ -209,6 +248,14 @@ class RexCallback(Callback):
             on_exchange=self._progress,
         )
         self._timer.attach(pl_module.parameters())
+        if self.global_batch is not None and adaptive:
+            saved = (self._loaded or {}).get("batch_scaling")
+            self._scaling = TrainingScaling(
+                self.global_batch,
+                target.plan_schedule.global_batch,
+                list(pl_module.parameters()),
+                saved,
+            )
         self._start(trainer)
 
     def _start(self, trainer: pl.Trainer) -> None:
@@ -237,9 +284,11 @@ class RexCallback(Callback):
                 f"{sorted(loaded.get('device_rates', {}))})"
             )
 
-    def _make_controller(self, plan: Plan, bounds: SizeBounds) -> Controller:
-        return Controller(
-            sum(plan),
+    def _make_controller(self, plan: Plan, bounds: SizeBounds) -> Controller | ScalingDecider:
+        cfg = self.global_batch
+        base = self._target.plan_schedule.global_batch if self._target is not None else sum(plan)
+        controller = Controller(
+            base,
             len(plan),
             alpha=self.alpha,
             min_effect=self.min_effect,
@@ -247,11 +296,17 @@ class RexCallback(Callback):
             min_size=bounds.min_size,
             max_sizes=bounds.caps(len(plan)),
             seed=self.seed,
-            initial_plan=plan,
+            initial_plan=plan if sum(plan) == base else None,
             groups=self._device_groups(len(plan)),
             looks=self.looks,
             window_steps=self.window,
+            max_global_batch=None if cfg is None else cfg.max_global_batch,
         )
+        if sum(plan) != base:  # resuming at a batch the scaler moved to
+            controller.set_global_batch(sum(plan), plan)
+        if cfg is None:
+            return controller
+        return ScalingDecider(controller, BatchScaler(cfg, base, len(plan)), self.window)
 
     def _device_groups(self, n: int) -> list[str | None] | None:
         """Every rank's device identity, as the driver gathered it, when pooling is on."""
@@ -259,6 +314,16 @@ class RexCallback(Callback):
         return [str(k) for k in keys] if self.pool_by_device and len(keys) == n else None
 
     # ------------------------------------------------------------------ per step
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Global batch scaling: size the epoch for Lightning from its own grid.
+
+        Lightning counts an epoch's batches once, at the start of the fit; a global batch
+        in force from this epoch's first step changes how many it has.
+        """
+        resize = getattr(trainer.strategy, "resize_epoch", None)
+        if self.global_batch is not None and resize is not None:
+            resize()
+
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -271,6 +336,17 @@ class RexCallback(Callback):
             self._step = steps_done(trainer)
             self._comparable = True
         plan = self._target.plan_schedule.plan_at(self._step)
+        # every rank: the learning rate follows the global batch of the step about to run
+        scaling = self._scaling
+        if (
+            scaling is not None
+            and not self._micro
+            and scaling.at_step_start(trainer.optimizers, plan)
+        ):
+            rank_zero_info(
+                f"lightning-rex: global batch {sum(plan)} from step {self._step}; learning rate "
+                f"x{scaling.rate.factor:.3f} of the base ({scaling.config.lr_rule} rule)"
+            )
         sizes = getattr(trainer.strategy, "current_batch_sizes", lambda: None)()
         if sizes is not None and sizes != plan:
             self._comparable = False  # the epoch's final partial batch: not comparable
@@ -307,6 +383,33 @@ class RexCallback(Callback):
                 sample = sum(self._step_time_fn(trainer.global_rank, self._step, b) for b in micro)
         self.driver.record(self._step, [sample], self._comparable)
 
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        """Global batch scaling: this step's gradient norms (one scalar all-reduce)."""
+        if self._scaling is None or self.driver is None or not self._started:
+            return
+        strategy = trainer.strategy
+        sizes = getattr(strategy, "current_batch_sizes", lambda: None)()
+        if sizes is None:
+            assert self._target is not None
+            sizes = self._target.plan_schedule.plan_at(self._step)
+        scaler = getattr(trainer, "scaler", None) or getattr(
+            getattr(strategy, "precision_plugin", None), "scaler", None
+        )
+        amp = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+        decider = self.driver.decider
+        feed = decider.add_gradient_norms if isinstance(decider, ScalingDecider) else None
+        with self.driver.guard("measuring the gradient noise scale"):
+            self._scaling.after_backward(
+                sizes,
+                trainer.global_rank,
+                getattr(strategy, "loss_reduction", "mean"),
+                amp,
+                lambda t: strategy.reduce(t, reduce_op="sum"),
+                feed,
+            )
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Agree that no rank failed, then release the hooks and the background thread."""
         try:
@@ -328,6 +431,8 @@ class RexCallback(Callback):
     def _release(self) -> None:
         if self._timer is not None:
             self._timer.detach()
+        if self._scaling is not None:
+            self._scaling.norms.remove()
         if self.driver is not None:
             self.driver.close()
 
@@ -379,7 +484,10 @@ class RexCallback(Callback):
         """
         if self.driver is None or not self._started:
             return dict(self._loaded or {})  # not started yet: what it was given, unchanged
-        return self.driver.state_dict()
+        state = self.driver.state_dict()
+        if self._scaling is not None:
+            state["batch_scaling"] = self._scaling.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the state until the driver exists (``on_train_start``), which checks it.

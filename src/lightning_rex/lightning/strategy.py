@@ -76,7 +76,14 @@ class _TrainSampler:
         Returns:
             The validated plan.
         """
-        return self._sampler().schedule_plan(plan, step)
+        sampler = self._sampler()
+        before = len(sampler)
+        out = sampler.schedule_plan(plan, step)
+        if len(sampler) != before:
+            # a new global batch re-cut the rest of the epoch (every rank schedules the same
+            # plan at the same step, so every rank resizes alike)
+            self._strategy.resize_epoch()
+        return out
 
 
 class RexStrategy(DDPStrategy):
@@ -172,6 +179,9 @@ class RexStrategy(DDPStrategy):
         self._loader: RexDataLoader | None = None
         self._step_sizes: Plan | None = None
         self._in_training_step = False
+        #: ``(min, max)`` global batches the train sampler's plans may sum to; set by
+        #: ``RexCallback(global_batch=GlobalBatchScaling(...))`` before the loader is built
+        self.batch_range: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ registration
     @classmethod
@@ -343,12 +353,36 @@ class RexStrategy(DDPStrategy):
             bounds=bounds,
             plans=keep,
             use_distributed_sampler=trainer._accelerator_connector.use_distributed_sampler,
+            batch_range=self.batch_range,
         )
         self._loader = loader
         saved = loader_state_to_restore(trainer)
         if saved is not None:
             self._loader.load_state_dict(saved)
         return self._loader
+
+    def resize_epoch(self) -> None:
+        """Tell Lightning how many batches the train loader's epoch has now.
+
+        Lightning counts an epoch's batches once, at the start of the fit, in three places
+        (the fit loop's ``max_batches``, the combined loader's limits and the data fetcher's
+        length) and ends every epoch there. Global batch scaling changes the count: a new
+        global batch re-cuts the rest of the epoch. Without ``limit_train_batches=1.0`` the
+        user's limit stands and nothing is changed.
+        """
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if trainer is None or self._loader is None or trainer.limit_train_batches != 1.0:
+            return
+        n = len(self._loader)
+        loop = trainer.fit_loop
+        loop.max_batches = n
+        combined = loop._combined_loader
+        if combined is not None and combined.limits is not None:
+            combined.limits = [n] * len(combined.flattened)
+        fetcher = loop._data_fetcher
+        if fetcher is not None and fetcher.length is not None:
+            fetcher.length = n
+            fetcher.done = fetcher.fetched >= n
 
     @property
     def train_loader(self) -> RexDataLoader | None:

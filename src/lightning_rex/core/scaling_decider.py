@@ -1,0 +1,244 @@
+"""The controller with global batch scaling on top: one decider for the window loop.
+
+:class:`ScalingDecider` is what the window loop drives when global batch scaling is on
+(``RexCallback(global_batch=GlobalBatchScaling(...))``). Every window goes to the
+:class:`~lightning_rex.core.controller.Controller` first, which splits the batch in force.
+While the controller is steady and has nothing to do, the window's step times are also
+evidence for the :class:`~lightning_rex.core.batch_scaling.BatchScaler`. When that proposes
+another global batch, the decision is a ``propose`` whose plan sums to the new batch: the
+controller's model gives the plan, and the loop applies it like any plan, at a step boundary
+on every rank. The next ``window_steps`` steps under the new batch are then validated for a
+significant goodput gain (:meth:`~lightning_rex.core.batch_scaling.BatchScaler.validate`). A
+gain is kept (``accept``). Anything else is rolled back to the old batch and plan
+(``rollback``).
+
+Per-step gradient norms reach the scaler through :meth:`ScalingDecider.add_gradient_norms`,
+from the training thread, while windows may be decided in the loop's background thread: a
+lock keeps the two apart.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lightning_rex.core.batch_scaling import BatchScaler
+from lightning_rex.core.controller import Controller
+from lightning_rex.core.controller_state import check_controller_state
+from lightning_rex.core.decision import Decision
+from lightning_rex.core.plan import Plan
+from lightning_rex.core.state import StateError, field
+from lightning_rex.core.window import Window
+
+__all__ = ["ScalingDecider"]
+
+_BASELINE_STEPS = 60
+"""Steps at the old batch kept as a change's baseline."""
+
+
+class ScalingDecider:
+    """A controller and a global batch scaler behind one ``observe``.
+
+    Args:
+        controller: The controller (built with ``max_global_batch``).
+        scaler: The global batch scaler.
+        window_steps: Steps under a new global batch before it is validated.
+    """
+
+    def __init__(self, controller: Controller, scaler: BatchScaler, window_steps: int) -> None:
+        self.controller = controller
+        self.scaler = scaler
+        self.window_steps = int(window_steps)
+        self._lock = threading.Lock()
+        self._recent: list[float] = []
+        # (old batch, old plan, baseline times) while a new batch is validated, and its times
+        self._change: tuple[int, Plan, list[float]] | None = None
+        self._trial: list[float] = []
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force (or about to be)."""
+        return self.controller.plan
+
+    @property
+    def global_batch(self) -> int:
+        """The global batch in force (or about to be)."""
+        return self.controller.global_batch
+
+    def add_gradient_norms(
+        self, weighted_local_sq: float, global_sq: float, sizes: Sequence[int]
+    ) -> bool:
+        """One step's gradient norms for the noise scale (``NoiseScale.update``).
+
+        Args:
+            weighted_local_sq: ``sum_r (b_r / B) |g_r|^2`` of the mean gradients.
+            global_sq: ``|g|^2`` of the global mean gradient.
+            sizes: The step's plan.
+
+        Returns:
+            False when the step was skipped (non-finite norms).
+        """
+        with self._lock:
+            return self.scaler.noise.update(weighted_local_sq, global_sq, sizes)
+
+    def observe(self, window: Window) -> Decision:
+        """Take one window (or segment) and decide.
+
+        Args:
+            window: The window.
+
+        Returns:
+            The :class:`~lightning_rex.core.decision.Decision`.
+        """
+        with self._lock:
+            return self._observe(window)
+
+    def _observe(self, window: Window) -> Decision:
+        b = sum(window.plan)
+        measured = float(window.medians.max())
+        if self._change is not None:
+            old, old_plan, base = self._change
+            if b == old:
+                return Decision(
+                    "hold",
+                    None,
+                    None,
+                    measured,
+                    None,
+                    "new global batch not yet in force",
+                    window.step_end,
+                )
+            # the new batch's windows teach both models: the rank times at the new sizes (a
+            # re-split the controller would propose now is declined: the batch comes first)
+            # and the goodput residual at the new batch
+            if self.controller.observe(window).kind != "hold":
+                self.controller.decline()
+            self.scaler.record(b, window.step_max, self.controller.predict_step_time(b)[1])
+            self._trial += window.step_max.tolist()
+            if len(self._trial) < self.window_steps:
+                return Decision(
+                    "hold",
+                    None,
+                    None,
+                    measured,
+                    None,
+                    f"global batch {old} -> {b}: measuring ({len(self._trial)} of"
+                    f" {self.window_steps} steps)",
+                    window.step_end,
+                )
+            v = self.scaler.validate(old, b, np.asarray(base), np.asarray(self._trial))
+            self._change, self._trial, self._recent = None, [], []
+            what = f"global batch {old} -> {b}: goodput x{v.gain:.3f} (lower bound x{v.lower:.3f})"
+            if v.keep:
+                return Decision(
+                    "accept", None, None, measured, None, what, window.step_end, validated=True
+                )
+            self.controller.set_global_batch(old, old_plan)
+            return Decision("rollback", old_plan, None, measured, None, what, window.step_end)
+        d = self.controller.observe(window)
+        steady = self.controller.state == "steady" and window.plan == self.controller.plan
+        if d.kind != "hold" or not steady:
+            return d
+        _, pred = self.controller.predict_step_time(b)
+        self.scaler.record(b, window.step_max, pred)
+        self._recent = (self._recent + window.step_max.tolist())[-_BASELINE_STEPS:]
+        if len(self._recent) < self.window_steps:
+            return d
+        p = self.scaler.propose(b, lambda x: self.controller.predict_step_time(x)[1])
+        if p is None:
+            return d
+        new, gain = p
+        plan, pred_new = self.controller.predict_step_time(new)
+        self._change = (b, self.controller.plan, list(self._recent))
+        self.controller.set_global_batch(new, plan)
+        self.scaler.changed()
+        return Decision(
+            "propose",
+            plan,
+            pred_new,
+            measured,
+            d.significance,
+            f"global batch {b} -> {new}: goodput predicted x{gain:.3f}",
+            window.step_end,
+        )
+
+    def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
+        """Size bounds measured at run time (the controller's).
+
+        Args:
+            min_size: The smallest micro-batch.
+            max_sizes: Per-rank caps (None entries for none), or None.
+        """
+        with self._lock:
+            self.controller.set_bounds(min_size, max_sizes)
+
+    def decline(self) -> None:
+        """The last decision will not be applied: a new global batch is undone."""
+        with self._lock:
+            if self._change is not None:
+                old, old_plan, _ = self._change
+                self._change, self._trial = None, []
+                self.controller.set_global_batch(old, old_plan)
+            else:
+                self.controller.decline()
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: the controller's, the scaler's and a change in validation."""
+        with self._lock:
+            change = None
+            if self._change is not None:
+                old, old_plan, base = self._change
+                change = {"batch": old, "plan": list(old_plan), "baseline": base}
+            return {
+                "controller": self.controller.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "change": change,
+                "trial": list(self._trial),
+                "recent": list(self._recent),
+            }
+
+    @staticmethod
+    def check_state(d: Any, global_batch: int, world_size: int) -> dict[str, Any]:
+        """Check a saved state without loading it (every rank runs it before a resume).
+
+        Args:
+            d: A dict from :meth:`state_dict`.
+            global_batch: The run's (first) global batch.
+            world_size: The number of ranks.
+
+        Returns:
+            The state.
+
+        Raises:
+            StateError: Naming the field that is missing or malformed.
+        """
+        check_controller_state(field(d, "controller", "decider"), global_batch, world_size)
+        for key in ("scaler", "trial", "recent"):
+            field(d, key, "decider")
+        if d["change"] is not None and len(field(d["change"], "plan", "decider.change")) != (
+            world_size
+        ):
+            raise StateError("decider.change.plan", f"must have {world_size} entries")
+        return dict(d)
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Args:
+            d: The saved state.
+        """
+        with self._lock:
+            self.controller.load_state_dict(d["controller"])
+            self.scaler.load_state_dict(d["scaler"])
+            c = d["change"]
+            self._change = (
+                None
+                if c is None
+                else (int(c["batch"]), tuple(int(x) for x in c["plan"]), list(c["baseline"]))
+            )
+            self._trial = [float(x) for x in d["trial"]]
+            self._recent = [float(x) for x in d["recent"]]

@@ -1,0 +1,221 @@
+"""Global batch scaling in training: per-step gradient norms and the learning-rate rule.
+
+:class:`GradientNorms` measures what the noise-scale estimator needs
+(:mod:`lightning_rex.core.noise_scale`), every optimizer step, on every rank:
+
+* this rank's *local* squared gradient norm before DDP's all-reduce: a tensor hook on every
+  parameter sees the gradient of this backward before it is accumulated (DDP reduces after
+  accumulation); with gradient accumulation the local total is ``p.grad + grad`` (``no_sync``
+  steps leave ``p.grad`` local), so the last backward of a step sees the whole local sum;
+* the *global* squared norm of the all-reduced gradient, from ``p.grad`` in
+  ``on_before_optimizer_step`` (Lightning has unscaled AMP gradients by then; the local norm
+  is divided by the loss scale squared);
+* both are turned into norms of *mean* gradients, undoing REX's loss factor
+  (:func:`~lightning_rex.data.weighting.loss_scale`), and ``sum_r (b_r / B) |g_r|^2`` is one
+  scalar all-reduce.
+
+:class:`LearningRate` multiplies every optimizer's learning rates by the rule's factor when
+the global batch in force changes (``new factor / old factor``), so schedulers that update
+the rate multiplicatively (``StepLR``, ``ExponentialLR``, warm-up chains) keep working on
+top of it; a scheduler that sets the rate in closed form overrides it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_rex.core.batch_scaling import GlobalBatchScaling
+from lightning_rex.core.noise_scale import NoiseScale, lr_factor
+from lightning_rex.data.weighting import LossReduction, loss_scale
+
+__all__ = ["GradientNorms", "LearningRate", "TrainingScaling"]
+
+
+class GradientNorms:
+    """Local (pre all-reduce) and global squared gradient norms of every optimizer step.
+
+    Args:
+        parameters: The module's parameters (those with ``requires_grad`` are hooked).
+    """
+
+    def __init__(self, parameters: Sequence[Tensor]) -> None:
+        self._params = [p for p in parameters if p.requires_grad]
+        self._local: dict[int, Tensor] = {}
+        self._handles = [p.register_hook(self._hook(i, p)) for i, p in enumerate(self._params)]
+
+    def _hook(self, i: int, p: Tensor) -> Callable[[Tensor], None]:
+        def hook(grad: Tensor) -> None:
+            with torch.no_grad():
+                total = grad if p.grad is None else p.grad + grad
+                self._local[i] = total.detach().float().pow(2).sum()
+
+        return hook
+
+    def remove(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def read(
+        self,
+        sizes: Sequence[int],
+        rank: int,
+        reduction: LossReduction,
+        amp_scale: float = 1.0,
+        all_reduce: Callable[[Tensor], Tensor] | None = None,
+    ) -> tuple[float, float]:
+        """This step's ``(sum_r (b_r / B) |g_r|^2, |g|^2)`` of mean gradients, then reset.
+
+        Call after the all-reduce (``on_before_optimizer_step``), on every rank.
+
+        Args:
+            sizes: The step's plan.
+            rank: This rank.
+            reduction: The loss's reduction over the micro-batch.
+            amp_scale: The loss scale the local gradients carry (AMP), else 1.
+            all_reduce: Sums a scalar tensor over ranks (None: one process).
+
+        Returns:
+            The two norms, NaN when a gradient was not finite.
+        """
+        b, n = float(sum(sizes)), len(sizes)
+        dev = self._params[0].device if self._params else torch.device("cpu")
+        weighted = torch.full((), math.nan, device=dev, dtype=torch.float32)
+        error: BaseException | None = None
+        try:
+            factor = loss_scale(sizes, rank, reduction) * amp_scale
+            if reduction == "sum":
+                factor *= sizes[rank]
+            local = torch.zeros((), device=dev, dtype=torch.float32)
+            for v in self._local.values():
+                local = local + v.to(dev)
+            weighted = local / (factor * factor) * (sizes[rank] / b)
+        except Exception as err:  # the all-reduce below must happen on every rank anyway
+            error = err
+        self._local = {}
+        if all_reduce is not None and n > 1:
+            weighted = all_reduce(weighted)
+        if error is not None:
+            raise error
+        glob = torch.zeros((), device=dev, dtype=torch.float32)
+        for p in self._params:
+            if p.grad is not None:
+                glob = glob + p.grad.detach().float().pow(2).sum()
+        if reduction == "sum":
+            glob = glob / (b * b)
+        a, g = float(weighted), float(glob)
+        return (a if math.isfinite(a) else math.nan), (g if math.isfinite(g) else math.nan)
+
+
+class LearningRate:
+    """Scale the optimizers' learning rates by a factor that follows the global batch."""
+
+    def __init__(self) -> None:
+        self.factor = 1.0
+
+    def apply(self, optimizers: Sequence[Any], factor: float) -> bool:
+        """Move every param group's ``lr`` from the current factor to ``factor``.
+
+        Args:
+            optimizers: The optimizers (``trainer.optimizers``).
+            factor: The rule's factor for the global batch now in force.
+
+        Returns:
+            Whether the rates changed.
+        """
+        if not math.isfinite(factor) or factor <= 0 or factor == self.factor:
+            return False
+        ratio = factor / self.factor
+        for opt in optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["lr"] * ratio
+        self.factor = float(factor)
+        return True
+
+
+class TrainingScaling:
+    """What one rank does for global batch scaling: norms every step, the rate at a change.
+
+    Every rank keeps its own noise-scale averages (their inputs are all-reduced, so they
+    agree) for the learning-rate rule; rank 0 also feeds the decider's scaler.
+
+    Args:
+        config: The scaling settings.
+        base_batch: The run's first global batch ``B0``.
+        parameters: The module's parameters.
+        saved: This object's :meth:`state_dict` from a checkpoint, or None.
+    """
+
+    def __init__(
+        self,
+        config: GlobalBatchScaling,
+        base_batch: int,
+        parameters: Sequence[Tensor],
+        saved: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.base_batch = int(base_batch)
+        self.norms = GradientNorms(parameters)
+        self.rate = LearningRate()
+        self.noise = NoiseScale(config.decay)
+        self.batch = self.base_batch
+        if saved:
+            self.rate.factor = float(saved["lr_factor"])
+            self.noise.load_state_dict(saved["noise"])
+            self.batch = int(saved["batch"])
+
+    def after_backward(
+        self,
+        sizes: Sequence[int],
+        rank: int,
+        reduction: LossReduction,
+        amp_scale: float,
+        all_reduce: Callable[[Tensor], Tensor],
+        feed: Callable[[float, float, Sequence[int]], Any] | None,
+    ) -> None:
+        """Read this step's norms (one all-reduce on every rank) and update the averages.
+
+        Args:
+            sizes: The step's plan.
+            rank: This rank.
+            reduction: The loss's reduction.
+            amp_scale: The loss scale of the local gradients (1 without AMP).
+            all_reduce: Sums a scalar over ranks.
+            feed: Rank 0's decider's ``add_gradient_norms``, or None.
+        """
+        a, g = self.norms.read(sizes, rank, reduction, amp_scale, all_reduce)
+        self.noise.update(a, g, sizes)
+        if feed is not None:
+            feed(a, g, sizes)
+
+    def at_step_start(self, optimizers: Sequence[Any], plan: Sequence[int]) -> bool:
+        """Follow the global batch in force with the learning rate.
+
+        Args:
+            optimizers: The trainer's optimizers.
+            plan: The plan of the step about to run.
+
+        Returns:
+            Whether the rate changed.
+        """
+        b = sum(plan)
+        if b == self.batch:
+            return False
+        g = 1.0 if self.noise.grad_sq is None else self.noise.grad_sq
+        s = 0.0 if self.noise.noise is None else self.noise.noise
+        self.batch = b
+        return self.rate.apply(optimizers, lr_factor(self.config.lr_rule, b, self.base_batch, g, s))
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state (the factor already in the optimizers' rates, the averages)."""
+        return {
+            "lr_factor": self.rate.factor,
+            "noise": self.noise.state_dict(),
+            "batch": self.batch,
+        }

@@ -1,0 +1,90 @@
+import json
+
+import numpy as np
+import pytest
+
+from lightning_rex.core.batch_scaling import BatchScaler, GlobalBatchScaling
+from lightning_rex.core.controller import Controller
+from lightning_rex.core.scaling_decider import ScalingDecider
+from lightning_rex.core.window import Window
+
+N, B0, PHI = 4, 64, 2000.0
+RATES = np.array([1000.0, 1000.0, 2000.0, 2000.0])
+
+
+def times(plan, rng, k=30):
+    """Per-rank step times: 20 ms of fixed cost (it amortises over a larger batch) plus
+    the samples at each rank's rate."""
+    base = 0.02 + np.asarray(plan) / RATES
+    return base[:, None] * np.exp(rng.normal(0, 0.03, (len(plan), k)))
+
+
+def make(seed=0):
+    cfg = GlobalBatchScaling(16, 1024, min_noise_steps=50, windows_between=2)
+    c = Controller(B0, N, seed=seed, max_global_batch=1024)
+    return ScalingDecider(c, BatchScaler(cfg, B0, N), window_steps=30)
+
+
+def feed(dec, rng, steps=100):
+    sizes = dec.plan
+    b = np.asarray(sizes, dtype=np.float64)
+    for _ in range(steps):
+        g_r = 1.0 + rng.standard_normal((N, 20)) * np.sqrt(PHI / b)[:, None]
+        w = b / b.sum()
+        g = w @ g_r
+        dec.add_gradient_norms(float(w @ (g_r**2).sum(axis=1)), float(g @ g), sizes)
+
+
+def run(dec, rng, windows, slow_at_large=False):
+    step, out = 0, []
+    for _ in range(windows):
+        feed(dec, rng, 30)
+        t = times(dec.plan, rng)
+        if slow_at_large and sum(dec.plan) > B0:
+            t = t * 1.6 * sum(dec.plan) / B0  # a larger batch is far slower than predicted
+        d = dec.observe(Window(t, dec.plan, step, step + 30))
+        out.append(d)
+        step += 30
+    return out
+
+
+def test_moves_to_a_larger_batch_when_goodput_gains_and_keeps_it():
+    # a fixed cost of 20 ms per step and a large noise scale: larger batches are worth it
+    rng = np.random.default_rng(0)
+    dec = make()
+    ds = run(dec, rng, 14)
+    props = [d for d in ds if d.kind == "propose" and "global batch" in d.reason]
+    assert props, [d.reason for d in ds]
+    first = props[0]
+    assert sum(first.plan) > B0 and dec.global_batch >= sum(first.plan)
+    assert any(d.kind == "accept" and "global batch" in d.reason for d in ds)
+    assert not any(d.kind == "rollback" for d in ds)
+
+
+def test_a_change_whose_goodput_falls_is_rolled_back():
+    rng = np.random.default_rng(1)
+    dec = make(1)
+    ds = run(dec, rng, 14, slow_at_large=True)
+    kinds = [(d.kind, d.reason) for d in ds if "global batch" in d.reason]
+    assert "rollback" in [k for k, _ in kinds], kinds
+    back = next(d for d in ds if d.kind == "rollback")
+    assert sum(back.plan) == B0 and dec.global_batch == B0
+
+
+def test_decline_undoes_a_new_batch_and_state_round_trips():
+    rng = np.random.default_rng(0)
+    dec = make()
+    for _ in range(14):
+        (d,) = run(dec, rng, 1)
+        if d.kind == "propose" and "global batch" in d.reason:
+            break
+    else:
+        pytest.fail("no change of the global batch")
+    state = json.loads(json.dumps(dec.state_dict()))
+    ScalingDecider.check_state(state, B0, N)
+    again = make()
+    again.load_state_dict(state)
+    assert again.global_batch == dec.global_batch and again.plan == dec.plan
+    dec.decline()
+    assert dec.global_batch == B0 and sum(dec.plan) == B0
+    assert not dec.add_gradient_norms(float("nan"), 1.0, dec.plan)
