@@ -3,10 +3,12 @@
 Digits (scikit-learn's 8x8 handwritten digits, shipped with the package: nothing is
 downloaded), a small MLP, 2 CPU ranks (gloo), rank 1 emulated 2x slower. Each run trains with
 ``strategy="rex"`` from a global batch of 32, with and without
-``RexCallback(global_batch=GlobalBatchScaling(16, 512))``, until the validation loss reaches
-the target (or ``--max-epochs``); runs alternate, ``--repeat`` times each::
+``RexCallback(global_batch=GlobalBatchScaling(16, 512, lr_rule="adascale"))``, until the
+validation loss reaches the target (or ``--max-epochs``); runs alternate, ``--repeat`` times
+each::
 
     python examples/batch_scaling.py [--target 0.12] [--max-epochs 40] [--repeat 3]
+        [--lr-rule adascale] [--max-global-batch 512]
 
 It prints, per setting, the median wall time to the target, the final validation loss and
 accuracy, and the global batches the scaled runs moved through.
@@ -97,10 +99,10 @@ class StopAtTarget(L.Callback):
         )
 
 
-def run(scaling: bool, target: float, max_epochs: int) -> dict[str, Any]:
+def run(scaling: bool, target: float, max_epochs: int, rule: str, max_batch: int) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="rex-scaling-")) / "result.json"
     train, val = datasets()
-    cfg = GlobalBatchScaling(16, 512, lr_rule="sqrt") if scaling else None
+    cfg = GlobalBatchScaling(16, max_batch, lr_rule=rule) if scaling else None  # type: ignore[arg-type]
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
@@ -130,12 +132,16 @@ def main() -> None:
     p.add_argument("--target", type=float, default=0.12)
     p.add_argument("--max-epochs", type=int, default=40)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--lr-rule", default="adascale", choices=["linear", "sqrt", "adascale"])
+    p.add_argument("--max-global-batch", type=int, default=512)
     a = p.parse_args()
     assert lightning_rex.__version__
     res: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for _ in range(a.repeat):
         for name in ("off", "on"):
-            res[name].append(run(name == "on", a.target, a.max_epochs))
+            res[name].append(
+                run(name == "on", a.target, a.max_epochs, a.lr_rule, a.max_global_batch)
+            )
     for name, rs in res.items():
         reached = [r["seconds_to_target"] for r in rs if r["seconds_to_target"] is not None]
         med = statistics.median(reached) if reached else float("nan")

@@ -88,3 +88,16 @@ def test_decline_undoes_a_new_batch_and_state_round_trips():
     dec.decline()
     assert dec.global_batch == B0 and sum(dec.plan) == B0
     assert not dec.add_gradient_norms(float("nan"), 1.0, dec.plan)
+
+
+def test_segments_before_the_first_whole_window_are_not_evidence_yet():
+    # with looks, the first segments reach the decider before the rank model holds a window:
+    # the scaler must wait (it once asked the empty model for a prediction and failed)
+    rng = np.random.default_rng(0)
+    cfg = GlobalBatchScaling(16, 1024, min_noise_steps=0, windows_between=1)
+    c = Controller(B0, N, seed=0, max_global_batch=1024, looks=3, window_steps=30)
+    dec = ScalingDecider(c, BatchScaler(cfg, B0, N), window_steps=30)
+    feed(dec, rng, 50)
+    for i in range(3):
+        d = dec.observe(Window(times(dec.plan, rng, 10), dec.plan, 10 * i, 10 * i + 10))
+        assert d.kind in ("hold", "propose", "accept")  # and no error

@@ -54,6 +54,13 @@ def _fit(rank: int, tmp: str, ckpt: str | None, steps: int) -> dict[str, Any]:
         "lr": t.optimizers[0].param_groups[0]["lr"],
         "params": flat_params(model.net),
         "reasons": [r["reason"] for r in cb.records],
+        # Lightning's own counts of the epoch, after the batch moved (validation at an
+        # epoch's end depends on val_check_batch)
+        "counts": (
+            t.fit_loop.max_batches,
+            t.val_check_batch,
+            len(t.strategy.train_loader),
+        ),
     }
 
 
@@ -72,6 +79,9 @@ def test_batch_changes_mid_epoch_use_every_sample_once_and_resume_exactly(tmp_pa
         done = {e for e, _, _ in r0["seen"]}
         if epoch + 1 in done:  # a finished epoch used every sample (a tail < 2 may stay)
             assert len(idx) >= N - 1
+    # Lightning was told the epoch's length after the batch moved: it ends and validates the
+    # epoch where the grid does
+    assert r0["counts"][0] == r0["counts"][1] == r0["counts"][2]
     # the rate followed the batch in force at the end (sqrt rule, base batch 32, lr 0.05)
     b_end = [p for s, p in r0["schedule"] if s <= 120][-1]
     assert r0["lr"] == pytest.approx(0.05 * (sum(b_end) / 32) ** 0.5)

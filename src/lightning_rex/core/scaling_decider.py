@@ -116,7 +116,8 @@ class ScalingDecider:
             # and the goodput residual at the new batch
             if self.controller.observe(window).kind != "hold":
                 self.controller.decline()
-            self.scaler.record(b, window.step_max, self.controller.predict_step_time(b)[1])
+            if self.controller.model.n_obs > 0:
+                self.scaler.record(b, window.step_max, self.controller.predict_step_time(b)[1])
             self._trial += window.step_max.tolist()
             if len(self._trial) < self.window_steps:
                 return Decision(
@@ -140,8 +141,8 @@ class ScalingDecider:
             return Decision("rollback", old_plan, None, measured, None, what, window.step_end)
         d = self.controller.observe(window)
         steady = self.controller.state == "steady" and window.plan == self.controller.plan
-        if d.kind != "hold" or not steady:
-            return d
+        if d.kind != "hold" or not steady or self.controller.model.n_obs == 0:
+            return d  # (the rank model has no window yet: a partial first window)
         _, pred = self.controller.predict_step_time(b)
         self.scaler.record(b, window.step_max, pred)
         self._recent = (self._recent + window.step_max.tolist())[-_BASELINE_STEPS:]
@@ -161,7 +162,8 @@ class ScalingDecider:
             pred_new,
             measured,
             d.significance,
-            f"global batch {b} -> {new}: goodput predicted x{gain:.3f}",
+            f"global batch {b} -> {new}: goodput predicted x{gain:.3f} (noise scale"
+            f" {self.scaler.noise.phi:.4g}, efficiency x{self.scaler.efficiency(new):.3f})",
             window.step_end,
         )
 

@@ -364,9 +364,10 @@ class RexStrategy(DDPStrategy):
     def resize_epoch(self) -> None:
         """Tell Lightning how many batches the train loader's epoch has now.
 
-        Lightning counts an epoch's batches once, at the start of the fit, in three places
-        (the fit loop's ``max_batches``, the combined loader's limits and the data fetcher's
-        length) and ends every epoch there. Global batch scaling changes the count: a new
+        Lightning counts an epoch's batches once, at the start of the fit, in four places
+        (the fit loop's ``max_batches``, the combined loader's limits, the data fetcher's
+        length, and ``val_check_batch`` for a fractional ``val_check_interval``) and ends
+        every epoch, and validates, there. Global batch scaling changes the count: a new
         global batch re-cuts the rest of the epoch. Without ``limit_train_batches=1.0`` the
         user's limit stands and nothing is changed.
         """
@@ -383,6 +384,16 @@ class RexStrategy(DDPStrategy):
         if fetcher is not None and fetcher.length is not None:
             fetcher.length = n
             fetcher.done = fetcher.fetched >= n
+        # validation every fraction of an epoch is counted in batches too (as Lightning
+        # computes it at the start of the fit); a batch count or a time interval stands
+        vcb = trainer.val_check_batch
+        if (
+            getattr(trainer, "_val_check_time_interval", None) is None
+            and isinstance(trainer.val_check_interval, float)
+            and vcb is not None
+            and vcb != float("inf")
+        ):
+            trainer.val_check_batch = max(1, int(n * trainer.val_check_interval))
 
     @property
     def train_loader(self) -> RexDataLoader | None:
