@@ -28,6 +28,7 @@ def _ranks(
     drop_last: bool,
     seed: int,
     plan: tuple[int, ...] | None = None,
+    batch_range: tuple[int, int] | None = None,
 ) -> list[UnevenBatchSampler]:
     plan = plan or even_plan(bs * world, world)
     return [
@@ -39,6 +40,7 @@ def _ranks(
             seed=seed,
             drop_last=drop_last,
             accumulate_grad_batches=accumulate,
+            batch_range=batch_range,
         )
         for r in range(world)
     ]
@@ -263,19 +265,7 @@ def test_global_batch_changes_mid_epoch_keep_exactly_once_coverage(
     rng = random.Random(schedule_seed)
 
     def make() -> list[UnevenBatchSampler]:
-        return [
-            UnevenBatchSampler(
-                n_samples,
-                2 * world,
-                even_plan(2 * world, world),
-                r,
-                seed=seed,
-                drop_last=drop_last,
-                accumulate_grad_batches=accumulate,
-                batch_range=(lo, hi),
-            )
-            for r in range(world)
-        ]
+        return _ranks(n_samples, 2, world, accumulate, drop_last, seed, batch_range=(lo, hi))
 
     samplers = make()
     for epoch in range(2):

@@ -195,3 +195,18 @@ def test_pool_by_device_passes_the_gathered_device_keys_to_the_controller():
     off = RexCallback(pool_by_device=False)
     off.driver = cb.driver
     assert off._device_groups(4) is None
+
+
+def test_cli_yaml_global_batch_scaling(tmp_path: Path) -> None:
+    from lightning_rex import GlobalBatchScaling
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "trainer:\n  accelerator: cpu\n  devices: 2\n  strategy: rex\n"
+        "  callbacks:\n    - class_path: lightning_rex.RexCallback\n      init_args:\n"
+        "        global_batch:\n          min_global_batch: 64\n          max_global_batch: 2048\n"
+        "          lr_rule: adascale\n"
+    )
+    cli = LightningCLI(CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
+    cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
+    assert cb.global_batch == GlobalBatchScaling(64, 2048, lr_rule="adascale")

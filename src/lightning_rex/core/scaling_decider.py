@@ -99,18 +99,14 @@ class ScalingDecider:
     def _observe(self, window: Window) -> Decision:
         b = sum(window.plan)
         measured = float(window.medians.max())
+
+        def hold(reason: str) -> Decision:
+            return Decision("hold", None, None, measured, None, reason, window.step_end)
+
         if self._change is not None:
             old, old_plan, base = self._change
             if b == old:
-                return Decision(
-                    "hold",
-                    None,
-                    None,
-                    measured,
-                    None,
-                    "new global batch not yet in force",
-                    window.step_end,
-                )
+                return hold("new global batch not yet in force")
             # the new batch's windows teach both models: the rank times at the new sizes (a
             # re-split the controller would propose now is declined: the batch comes first)
             # and the goodput residual at the new batch
@@ -120,15 +116,9 @@ class ScalingDecider:
                 self.scaler.record(b, window.step_max, self.controller.predict_step_time(b)[1])
             self._trial += window.step_max.tolist()
             if len(self._trial) < self.window_steps:
-                return Decision(
-                    "hold",
-                    None,
-                    None,
-                    measured,
-                    None,
+                return hold(
                     f"global batch {old} -> {b}: measuring ({len(self._trial)} of"
-                    f" {self.window_steps} steps)",
-                    window.step_end,
+                    f" {self.window_steps} steps)"
                 )
             v = self.scaler.validate(old, b, np.asarray(base), np.asarray(self._trial))
             self._change, self._trial, self._recent = None, [], []
