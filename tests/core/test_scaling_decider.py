@@ -101,3 +101,13 @@ def test_segments_before_the_first_whole_window_are_not_evidence_yet():
     for i in range(3):
         d = dec.observe(Window(times(dec.plan, rng, 10), dec.plan, 10 * i, 10 * i + 10))
         assert d.kind in ("hold", "propose", "accept")  # and no error
+
+
+def test_a_batch_the_memory_caps_cannot_hold_is_ruled_out():
+    # caps measured at run time (CUDA) hold 4 x 100 samples: no proposal above 400, no error
+    rng = np.random.default_rng(0)
+    dec = make()
+    dec.set_bounds(1, [100] * N)
+    ds = run(dec, rng, 14)
+    assert all(sum(d.plan) <= 400 for d in ds if d.plan is not None)
+    assert dec._predict(1000) == float("inf")

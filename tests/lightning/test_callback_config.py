@@ -210,3 +210,21 @@ def test_cli_yaml_global_batch_scaling(tmp_path: Path) -> None:
     cli = LightningCLI(CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
     cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
     assert cb.global_batch == GlobalBatchScaling(64, 2048, lr_rule="adascale")
+
+
+def test_global_batch_scaling_checks_its_range_at_setup() -> None:
+    from tests.helpers.models import RegModel
+
+    from lightning_rex import GlobalBatchScaling
+
+    trainer = L.Trainer(
+        accelerator="cpu", devices=2, strategy=RexStrategy(max_micro_batch_size=8), logger=False
+    )
+    cb = RexCallback(global_batch=GlobalBatchScaling(16, 64))
+    with pytest.raises(ValueError, match=r"GlobalBatchScaling\.max_global_batch=64"):
+        cb.setup(trainer, RegModel(), "fit")
+    ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+    with pytest.raises(ValueError, match="needs strategy='rex'"):
+        cb.setup(ddp, RegModel(), "fit")
+    with pytest.raises(ValueError, match="GlobalBatchScaling or None"):
+        RexCallback(global_batch=(16, 64))  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ lock keeps the two apart.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -138,7 +139,7 @@ class ScalingDecider:
         self._recent = (self._recent + window.step_max.tolist())[-_BASELINE_STEPS:]
         if len(self._recent) < self.window_steps:
             return d
-        p = self.scaler.propose(b, lambda x: self.controller.predict_step_time(x)[1])
+        p = self.scaler.propose(b, self._predict)
         if p is None:
             return d
         new, gain = p
@@ -166,6 +167,16 @@ class ScalingDecider:
         """
         with self._lock:
             self.controller.set_bounds(min_size, max_sizes)
+
+    def _predict(self, batch: int) -> float:
+        """The rank model's step time for ``batch``, or inf to rule it out.
+
+        Inf when the size bounds (memory caps measured at run time) cannot hold ``batch``.
+        """
+        try:
+            return self.controller.predict_step_time(batch)[1]
+        except ValueError:
+            return math.inf
 
     def decline(self) -> None:
         """The last decision will not be applied: a new global batch is undone."""

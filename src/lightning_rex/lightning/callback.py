@@ -204,6 +204,16 @@ class RexCallback(Callback):
                 f"min_global_batch={cfg.min_global_batch} is below the world size "
                 f"{trainer.world_size}: every rank needs a sample"
             )
+        bounds = getattr(trainer.strategy, "bounds", None)
+        if bounds is not None:  # the micro-batch bounds must hold both ends of the range
+            for name, b in (
+                ("min_global_batch", cfg.min_global_batch),
+                ("max_global_batch", cfg.max_global_batch),
+            ):
+                try:
+                    bounds.check_feasible(b, trainer.world_size)
+                except ValueError as err:
+                    raise ValueError(f"GlobalBatchScaling.{name}={b}: {err}") from None
         trainer.strategy.batch_range = (cfg.min_global_batch, cfg.max_global_batch)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
