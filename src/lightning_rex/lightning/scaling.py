@@ -15,9 +15,10 @@
   scalar all-reduce.
 
 :class:`LearningRate` multiplies every optimizer's learning rates by the rule's factor when
-the global batch in force changes (``new factor / old factor``), so schedulers that update
-the rate multiplicatively (``StepLR``, ``ExponentialLR``, warm-up chains) keep working on
-top of it; a scheduler that sets the rate in closed form overrides it.
+it changes (``new factor / old factor``): when the global batch in force changes, and for
+AdaScale every step, as its gain follows the noise estimates. Schedulers that update the
+rate multiplicatively (``StepLR``, ``ExponentialLR``, warm-up chains) keep working on top of
+it; a scheduler that sets the rate in closed form overrides it.
 """
 
 from __future__ import annotations
@@ -201,16 +202,22 @@ class TrainingScaling:
             optimizers: The trainer's optimizers.
             plan: The plan of the step about to run.
 
+        AdaScale's gain is recomputed every step, as AdaScale does: it moves with the noise
+        estimates (the noise scale typically grows as training proceeds). The other rules
+        change the rate only when the global batch does.
+
         Returns:
-            Whether the rate changed.
+            Whether the global batch changed and the rate with it.
         """
         b = sum(plan)
-        if b == self.batch:
+        changed = b != self.batch
+        if not changed and self.config.lr_rule != "adascale":
             return False
         g = 1.0 if self.noise.grad_sq is None else self.noise.grad_sq
         s = 0.0 if self.noise.noise is None else self.noise.noise
         self.batch = b
-        return self.rate.apply(optimizers, lr_factor(self.config.lr_rule, b, self.base_batch, g, s))
+        factor = lr_factor(self.config.lr_rule, b, self.base_batch, g, s)
+        return self.rate.apply(optimizers, factor) and changed
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state (the factor already in the optimizers' rates, the averages)."""
