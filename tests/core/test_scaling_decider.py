@@ -111,3 +111,22 @@ def test_a_batch_the_memory_caps_cannot_hold_is_ruled_out():
     ds = run(dec, rng, 14)
     assert all(sum(d.plan) <= 400 for d in ds if d.plan is not None)
     assert dec._predict(1000) == float("inf")
+
+
+def test_gradient_norms_never_wait_for_a_decision():
+    # the training thread hands a step's norms over while a decision holds the lock (in the
+    # background thread): it must not wait; the decision takes them in first
+    import threading
+
+    dec = make()
+    done = threading.Event()
+    with dec._lock:  # a decision in progress
+        t = threading.Thread(
+            target=lambda: (dec.add_gradient_norms(2.0, 1.0, dec.plan), done.set())
+        )
+        t.start()
+        assert done.wait(timeout=30)
+        assert dec.scaler.noise.steps == 0
+    t.join()
+    dec.observe(Window(times(dec.plan, np.random.default_rng(0)), dec.plan, 0, 30))
+    assert dec.scaler.noise.steps == 1

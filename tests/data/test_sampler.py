@@ -312,3 +312,22 @@ def test_global_batch_changes_mid_epoch_keep_exactly_once_coverage(
         # what is left over is a final partial batch: too small for every rank, or dropped
         left = n_samples - len(seen)
         assert left < (hi if drop_last else world)
+
+
+def test_a_smaller_batch_from_the_next_epoch_does_not_recut_a_finished_one() -> None:
+    # drop_last: 20 samples in batches of 8 leave 4 dropped. A batch of 4 scheduled at the
+    # first free step (the next epoch's first) must not turn those 4 into a batch of this
+    # epoch, which Lightning has already ended
+    samplers = _ranks(20, 4, 2, 1, True, 0, batch_range=(2, 16))
+    for s in samplers:
+        s.set_epoch(0)
+    got = [list(iter(s)) for s in samplers]
+    assert [len(g) for g in got] == [2, 2] and len(samplers[0]) == 2
+    step = max(s.first_free_step() for s in samplers)
+    for s in samplers:
+        s.schedule_plan((2, 2), step)
+    assert len(samplers[0]) == 2
+    for s in samplers:
+        s.set_epoch(1)
+    assert len(samplers[0]) == 5  # the next epoch: 20 samples in batches of 4
+    assert [len(list(iter(s))) for s in samplers] == [5, 5]

@@ -226,5 +226,8 @@ def test_global_batch_scaling_checks_its_range_at_setup() -> None:
     ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
     with pytest.raises(ValueError, match="needs strategy='rex'"):
         cb.setup(ddp, RegModel(), "fit")
+    one = L.Trainer(accelerator="cpu", devices=1, strategy=RexStrategy(), logger=False)
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        cb.setup(one, RegModel(), "fit")
     with pytest.raises(ValueError, match="GlobalBatchScaling or None"):
         RexCallback(global_batch=(16, 64))  # type: ignore[arg-type]

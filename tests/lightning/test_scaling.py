@@ -50,3 +50,21 @@ def test_adascale_follows_the_noise_every_step_the_other_rules_only_the_batch() 
     again = TrainingScaling(GlobalBatchScaling(8, 64), 16, list(lin.parameters()), saved)
     assert again.rate.factor == ts.rate.factor and again.batch == 32
     again.norms.remove()
+
+
+def test_a_step_without_backward_or_not_usable_is_left_out() -> None:
+    lin = torch.nn.Linear(2, 1)
+    norms = GradientNorms(list(lin.parameters()))
+    calls = []
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        calls.append(float(t))
+        return t
+
+    # no backward reached the hooks (training_step returned None): NaN, all-reduce kept
+    assert math.isnan(norms.read((2, 2), 0, "mean", all_reduce=reduce)[0])
+    lin(torch.ones(3, 2)).sum().backward()
+    # a partial final batch under accumulation: left out, all-reduce kept
+    assert math.isnan(norms.read((2, 2), 0, "mean", all_reduce=reduce, usable=False)[0])
+    assert len(calls) == 2
+    norms.remove()

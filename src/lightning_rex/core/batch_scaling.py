@@ -196,7 +196,7 @@ class BatchScaler:
             predicted_s: The rank model's step time for ``batch`` when the window was taken.
         """
         t = np.log(np.asarray(step_times, dtype=np.float64))
-        if t.size < 2 or not np.all(np.isfinite(t)) or not predicted_s > 0:
+        if t.size < 2 or not np.all(np.isfinite(t)) or not 0 < predicted_s < math.inf:
             return
         var = max(long_run_variance(t) / t.size, 1e-6)
         self._obs.append(_Obs(int(batch), float(t.mean()), var, math.log(predicted_s)))

@@ -13,8 +13,9 @@ gain is kept (``accept``). Anything else is rolled back to the old batch and pla
 (``rollback``).
 
 Per-step gradient norms reach the scaler through :meth:`ScalingDecider.add_gradient_norms`,
-from the training thread, while windows may be decided in the loop's background thread: a
-lock keeps the two apart.
+from the training thread, while windows may be decided in the loop's background thread. The
+training thread only appends to a queue under its own short lock (it must never wait for a
+decision); the decision takes the queue into the noise averages first.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class ScalingDecider:
         self.scaler = scaler
         self.window_steps = int(window_steps)
         self._lock = threading.Lock()
+        self._norms_lock = threading.Lock()
+        self._norms: list[tuple[float, float, tuple[int, ...]]] = []
         self._recent: list[float] = []
         # (old batch, old plan, baseline times) while a new batch is validated, and its times
         self._change: tuple[int, Plan, list[float]] | None = None
@@ -80,10 +83,18 @@ class ScalingDecider:
             sizes: The step's plan.
 
         Returns:
-            False when the step was skipped (non-finite norms).
+            False when the step will be skipped (non-finite norms).
         """
-        with self._lock:
-            return self.scaler.noise.update(weighted_local_sq, global_sq, sizes)
+        ok = math.isfinite(weighted_local_sq) and math.isfinite(global_sq)
+        with self._norms_lock:
+            self._norms.append((weighted_local_sq, global_sq, tuple(sizes)))
+        return ok
+
+    def _take_norms(self) -> None:
+        with self._norms_lock:
+            norms, self._norms = self._norms, []
+        for a, g, sizes in norms:
+            self.scaler.noise.update(a, g, sizes)
 
     def observe(self, window: Window) -> Decision:
         """Take one window (or segment) and decide.
@@ -95,6 +106,7 @@ class ScalingDecider:
             The :class:`~lightning_rex.core.decision.Decision`.
         """
         with self._lock:
+            self._take_norms()
             return self._observe(window)
 
     def _observe(self, window: Window) -> Decision:
@@ -114,7 +126,7 @@ class ScalingDecider:
             if self.controller.observe(window).kind != "hold":
                 self.controller.decline()
             if self.controller.model.n_obs > 0:
-                self.scaler.record(b, window.step_max, self.controller.predict_step_time(b)[1])
+                self.scaler.record(b, window.step_max, self._predict(b))
             self._trial += window.step_max.tolist()
             if len(self._trial) < self.window_steps:
                 return hold(
@@ -124,18 +136,23 @@ class ScalingDecider:
             v = self.scaler.validate(old, b, np.asarray(base), np.asarray(self._trial))
             self._change, self._trial, self._recent = None, [], []
             what = f"global batch {old} -> {b}: goodput x{v.gain:.3f} (lower bound x{v.lower:.3f})"
-            if v.keep:
-                return Decision(
-                    "accept", None, None, measured, None, what, window.step_end, validated=True
-                )
-            self.controller.set_global_batch(old, old_plan)
-            return Decision("rollback", old_plan, None, measured, None, what, window.step_end)
+            if not v.keep:
+                try:
+                    self.controller.set_global_batch(old, old_plan)
+                except ValueError as err:  # memory caps measured since no longer hold it
+                    what += f"; kept: the old batch no longer fits ({err})"
+                else:
+                    return Decision(
+                        "rollback", old_plan, None, measured, None, what, window.step_end
+                    )
+            return Decision(
+                "accept", None, None, measured, None, what, window.step_end, validated=True
+            )
         d = self.controller.observe(window)
         steady = self.controller.state == "steady" and window.plan == self.controller.plan
         if d.kind != "hold" or not steady or self.controller.model.n_obs == 0:
             return d  # (the rank model has no window yet: a partial first window)
-        _, pred = self.controller.predict_step_time(b)
-        self.scaler.record(b, window.step_max, pred)
+        self.scaler.record(b, window.step_max, self._predict(b))
         self._recent = (self._recent + window.step_max.tolist())[-_BASELINE_STEPS:]
         if len(self._recent) < self.window_steps:
             return d
@@ -143,9 +160,13 @@ class ScalingDecider:
         if p is None:
             return d
         new, gain = p
-        plan, pred_new = self.controller.predict_step_time(new)
-        self._change = (b, self.controller.plan, list(self._recent))
-        self.controller.set_global_batch(new, plan)
+        try:
+            plan, pred_new = self.controller.predict_step_time(new)
+            old_plan = self.controller.plan
+            self.controller.set_global_batch(new, plan)
+        except ValueError:  # the bounds changed under the proposal: not this time
+            return d
+        self._change = (b, old_plan, list(self._recent))
         self.scaler.changed()
         return Decision(
             "propose",
@@ -192,6 +213,7 @@ class ScalingDecider:
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state: the controller's, the scaler's and a change in validation."""
         with self._lock:
+            self._take_norms()
             change = None
             if self._change is not None:
                 old, old_plan, base = self._change
@@ -222,9 +244,8 @@ class ScalingDecider:
         check_controller_state(field(d, "controller", "decider"), global_batch, world_size)
         for key in ("scaler", "trial", "recent"):
             field(d, key, "decider")
-        if d["change"] is not None and len(field(d["change"], "plan", "decider.change")) != (
-            world_size
-        ):
+        change = field(d, "change", "decider")
+        if change is not None and len(field(change, "plan", "decider.change")) != world_size:
             raise StateError("decider.change.plan", f"must have {world_size} entries")
         return dict(d)
 

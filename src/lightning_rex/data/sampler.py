@@ -52,6 +52,8 @@ def batch_grid(
     origin: tuple[int, int],
     epoch_start_step: int,
     accumulate: int,
+    world_size: int = 1,
+    drop_last: bool = False,
 ) -> Grid:
     """An epoch's batch grid: where each run of batches of one global batch starts.
 
@@ -62,6 +64,8 @@ def batch_grid(
             except in an epoch resumed on another world size).
         epoch_start_step: The step of the epoch's first batch.
         accumulate: Batches per step.
+        world_size: The number of ranks (a final partial batch needs a sample for each).
+        drop_last: Whether the final partial batch is dropped.
 
     Returns:
         Segments in batch order; a schedule entry that changes the global batch at a batch
@@ -75,10 +79,11 @@ def batch_grid(
         b = sum(plan)
         if k <= fb or b == gb:
             continue
-        first = fs + (k - fb) * gb
-        if first >= num_samples:
+        # a change at or past the epoch's last batch belongs to the next epoch (with
+        # drop_last the samples left over are not "the rest of the epoch")
+        if k >= grid_length([(fb, fs, gb)], num_samples, world_size, drop_last):
             break
-        grid.append((k, first, b))
+        grid.append((k, fs + (k - fb) * gb, b))
     return grid
 
 
@@ -245,7 +250,13 @@ class UnevenBatchSampler(Sampler[list[int]]):
             )
             origin = (0, 0)
         return batch_grid(
-            self._plans, self.num_samples, origin, start, self.accumulate_grad_batches
+            self._plans,
+            self.num_samples,
+            origin,
+            start,
+            self.accumulate_grad_batches,
+            self.world_size,
+            self.drop_last,
         )
 
     def __len__(self) -> int:
@@ -456,7 +467,9 @@ class UnevenBatchSampler(Sampler[list[int]]):
         if os_ > n:
             raise StateError(f"{name}.origin", f"starts at sample {os_}, past the epoch's {n}")
         start = whole(field(state, "epoch_start_step", name), f"{name}.epoch_start_step", 0)
-        grid = batch_grid(saved, n, (ob, os_), start, self.accumulate_grad_batches)
+        grid = batch_grid(
+            saved, n, (ob, os_), start, self.accumulate_grad_batches, world, self.drop_last
+        )
         length = grid_length(grid, n, world, self.drop_last)
         consumed = whole(field(state, "consumed", name), f"{name}.consumed", ob, length)
         done = whole(field(state, "consumed_samples", name), f"{name}.consumed_samples", 0, n)

@@ -199,6 +199,11 @@ class RexCallback(Callback):
                 "RexCallback(global_batch=...) needs automatic optimization: the noise scale is "
                 "measured at the optimizer step"
             )
+        if trainer.world_size < 2:
+            raise ValueError(
+                "RexCallback(global_batch=...) needs at least 2 ranks: the gradient noise scale "
+                "is estimated from the ranks' local gradients against the global one"
+            )
         if cfg.min_global_batch < trainer.world_size:
             raise ValueError(
                 f"min_global_batch={cfg.min_global_batch} is below the world size "
@@ -400,14 +405,18 @@ class RexCallback(Callback):
         if self._scaling is None or self.driver is None or not self._started:
             return
         strategy = trainer.strategy
-        sizes = getattr(strategy, "current_batch_sizes", lambda: None)()
-        if sizes is None:
-            assert self._target is not None
-            sizes = self._target.plan_schedule.plan_at(self._step)
+        assert self._target is not None
+        plan = self._target.plan_schedule.plan_at(self._step)
+        sizes = getattr(strategy, "current_batch_sizes", lambda: None)() or plan
+        # the epoch's final partial batch: with accumulation its micro-batches had different
+        # loss factors, so the step is left out (the all-reduce still happens)
+        usable = tuple(sizes) == tuple(plan)
         scaler = getattr(trainer, "scaler", None) or getattr(
             getattr(strategy, "precision_plugin", None), "scaler", None
         )
         amp = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+        # an optimizer that unscales itself (fused) is stepped with p.grad still scaled
+        scaled_global = amp != 1.0 and bool(getattr(optimizer, "_step_supports_amp_scaling", False))
         decider = self.driver.decider
         feed = decider.add_gradient_norms if isinstance(decider, ScalingDecider) else None
         with self.driver.guard("measuring the gradient noise scale"):
@@ -418,6 +427,8 @@ class RexCallback(Callback):
                 amp,
                 lambda t: strategy.reduce(t, reduce_op="sum"),
                 feed,
+                usable=usable,
+                global_scale=amp if scaled_global else 1.0,
             )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -70,6 +70,8 @@ class GradientNorms:
         reduction: LossReduction,
         amp_scale: float = 1.0,
         all_reduce: Callable[[Tensor], Tensor] | None = None,
+        usable: bool = True,
+        global_scale: float = 1.0,
     ) -> tuple[float, float]:
         """This step's ``(sum_r (b_r / B) |g_r|^2, |g|^2)`` of mean gradients, then reset.
 
@@ -81,22 +83,28 @@ class GradientNorms:
             reduction: The loss's reduction over the micro-batch.
             amp_scale: The loss scale the local gradients carry (AMP), else 1.
             all_reduce: Sums a scalar tensor over ranks (None: one process).
+            usable: False to leave the step out (NaN) while still taking part in the
+                all-reduce (an epoch's final partial batch under accumulation).
+            global_scale: The loss scale ``p.grad`` still carries (an optimizer that
+                unscales itself under AMP), else 1.
 
         Returns:
-            The two norms, NaN when a gradient was not finite.
+            The two norms, NaN when a gradient was not finite, no backward reached the
+            hooks (a skipped ``training_step``), or the step is not usable.
         """
         b, n = float(sum(sizes)), len(sizes)
         dev = self._params[0].device if self._params else torch.device("cpu")
         weighted = torch.full((), math.nan, device=dev, dtype=torch.float32)
         error: BaseException | None = None
         try:
-            factor = loss_scale(sizes, rank, reduction) * amp_scale
-            if reduction == "sum":
-                factor *= sizes[rank]
-            local = torch.zeros((), device=dev, dtype=torch.float32)
-            for v in self._local.values():
-                local = local + v.to(dev)
-            weighted = local / (factor * factor) * (sizes[rank] / b)
+            if usable and self._local:
+                factor = loss_scale(sizes, rank, reduction) * amp_scale
+                if reduction == "sum":
+                    factor *= sizes[rank]
+                local = torch.zeros((), device=dev, dtype=torch.float32)
+                for v in self._local.values():
+                    local = local + v.to(dev)
+                weighted = local / (factor * factor) * (sizes[rank] / b)
         except Exception as err:  # the all-reduce below must happen on every rank anyway
             error = err
         self._local = {}
@@ -110,6 +118,7 @@ class GradientNorms:
                 glob = glob + p.grad.detach().float().pow(2).sum()
         if reduction == "sum":
             glob = glob / (b * b)
+        glob = glob / (global_scale * global_scale)
         a, g = float(weighted), float(glob)
         return (a if math.isfinite(a) else math.nan), (g if math.isfinite(g) else math.nan)
 
@@ -179,6 +188,8 @@ class TrainingScaling:
         amp_scale: float,
         all_reduce: Callable[[Tensor], Tensor],
         feed: Callable[[float, float, Sequence[int]], Any] | None,
+        usable: bool = True,
+        global_scale: float = 1.0,
     ) -> None:
         """Read this step's norms (one all-reduce on every rank) and update the averages.
 
@@ -189,8 +200,10 @@ class TrainingScaling:
             amp_scale: The loss scale of the local gradients (1 without AMP).
             all_reduce: Sums a scalar over ranks.
             feed: Rank 0's decider's ``add_gradient_norms``, or None.
+            usable: False to leave the step out (see :meth:`GradientNorms.read`).
+            global_scale: The loss scale ``p.grad`` still carries, else 1.
         """
-        a, g = self.norms.read(sizes, rank, reduction, amp_scale, all_reduce)
+        a, g = self.norms.read(sizes, rank, reduction, amp_scale, all_reduce, usable, global_scale)
         self.noise.update(a, g, sizes)
         if feed is not None:
             feed(a, g, sizes)

@@ -372,7 +372,13 @@ class RexStrategy(DDPStrategy):
         user's limit stands and nothing is changed.
         """
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if trainer is None or self._loader is None or trainer.limit_train_batches != 1.0:
+        limit = trainer.limit_train_batches if trainer is not None else None
+        # the int 1 is "one batch per epoch", the float 1.0 "the whole epoch"
+        if (
+            trainer is None
+            or self._loader is None
+            or not (isinstance(limit, float) and limit == 1.0)
+        ):
             return
         n = len(self._loader)
         loop = trainer.fit_loop
