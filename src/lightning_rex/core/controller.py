@@ -38,7 +38,7 @@ from lightning_rex.core.controller_state import check_controller_state
 from lightning_rex.core.decision import Decision, DecisionKind
 from lightning_rex.core.looks import SegmentBuffer, early_imbalance, validation_confidences
 from lightning_rex.core.model import RankTimeModel
-from lightning_rex.core.persistence import cold_start_ranks, persistent_ranks
+from lightning_rex.core.persistence import cold_start_ranks, persistent_ranks, pointing
 from lightning_rex.core.plan import Plan, even_plan, validate_plan
 from lightning_rex.core.planner import exploration_kappa, resolve_bounds
 from lightning_rex.core.proposal import best_plan_for, propose_plan
@@ -263,13 +263,7 @@ class Controller:
             raise ValueError(f"plan {p} breaks the size bounds")
         self.global_batch = int(global_batch)
         self._lo, self._hi = lo, hi
-        self._plan, self._state = p, "steady"
-        self._pending = self._previous = self._rejected = None
-        self._predicted, self._baseline, self._reference = None, None, None
-        self._trial, self._changed, self._rolled_back = [], False, False
-        self._recent, self._before = [], []
-        if self._segments is not None:
-            self._segments.clear()
+        self._restart(p)
 
     def decline(self) -> None:
         """Tell the controller that its last plan will not be applied.
@@ -423,10 +417,7 @@ class Controller:
         # _persistent flags a rank only if every window, this one included, points at it on
         # its own: when this window points at no rank, skip the pooled tests (same result,
         # and most windows of a balanced run end here cheaply)
-        thr = 1.0 + self.min_effect
-        points = (sig.raw_p_values < self.consistency) & (sig.effect > thr) | (
-            sig.raw_p_values_fast < self.consistency
-        ) & (sig.effect < 1.0 / thr)
+        points = pointing(sig, self.consistency, self.min_effect)
         if not bool(points.any()):
             return decide("hold", None, "transient imbalance" if sig.imbalanced else "balanced")
         if cold:  # see cold_start_ranks
@@ -448,16 +439,23 @@ class Controller:
     # -------------------------------------------------------------- internals
     def _adopt(self, window: Window, decide: Any) -> Decision:
         """Take a plan set outside the controller as the one in force, and keep monitoring."""
-        self._plan = window.plan
-        self._state = "steady"
-        self._pending = self._previous = self._rejected = None
-        self._predicted, self._baseline, self._reference = None, None, None
-        self._trial, self._changed, self._rolled_back = [], False, False
-        if self._segments is not None:
-            self._segments.clear()
+        self._restart(window.plan)
         self._recent = [window.times.tolist()]
         self._before = [window.step_max.tolist()]
         return decide("hold", None, "plan set outside the controller: adopted as the plan in force")
+
+    def _restart(self, plan: Plan) -> None:
+        """Put ``plan`` in force, steady, with no change in flight.
+
+        The windows held for changes are dropped; what the model learnt stays.
+        """
+        self._plan, self._state = plan, "steady"
+        self._pending = self._previous = self._rejected = None
+        self._predicted, self._baseline, self._reference = None, None, None
+        self._trial, self._changed, self._rolled_back = [], False, False
+        self._recent, self._before = [], []
+        if self._segments is not None:
+            self._segments.clear()
 
     def _violates_bounds(self, plan: Plan) -> bool:
         b = np.asarray(plan)

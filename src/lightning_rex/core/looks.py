@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.persistence import cold_start_ranks, persistent_ranks
+from lightning_rex.core.persistence import cold_start_ranks, persistent_ranks, pointing
 from lightning_rex.core.significance import ending_p_value, imbalance_test
 from lightning_rex.core.window import Window
 
@@ -177,10 +177,7 @@ def early_imbalance(
     effect = _EARLY_EFFECT * min_effect
     # cheap first: the partial window must point at a rank on its own
     sig = imbalance_test(wins[-1], alpha=a, min_effect=effect, min_inflation=floors[0])
-    thr = 1.0 + effect
-    points = (sig.raw_p_values < c) & (sig.effect > thr) | (sig.raw_p_values_fast < c) & (
-        sig.effect < 1.0 / thr
-    )
+    points = pointing(sig, c, effect)
     if cold:
         return cold_start_ranks(sig, a, effect)
     if not bool(points.any()):

@@ -22,10 +22,30 @@ from lightning_rex.core.significance import (
     imbalance_test,
 )
 
-__all__ = ["COLD_START_LEVEL", "cold_start_ranks", "persistent_ranks"]
+__all__ = ["COLD_START_LEVEL", "cold_start_ranks", "persistent_ranks", "pointing"]
 
 COLD_START_LEVEL = 5.0
 """The family-wise level at cold start, as a multiple of ``alpha``."""
+
+
+def pointing(sig: ImbalanceResult, consistency: float, min_effect: float) -> np.ndarray:
+    """The ranks one window points at on its own, slower or faster.
+
+    Pointing means a raw one-sided p below ``consistency`` and an effect beyond
+    ``1 + min_effect``.
+
+    Args:
+        sig: The window's test.
+        consistency: The raw p-value a window must reach on its own.
+        min_effect: The practical effect threshold.
+
+    Returns:
+        A boolean mask over ranks.
+    """
+    thr = 1.0 + min_effect
+    slow = (sig.raw_p_values < consistency) & (sig.effect > thr)
+    fast = (sig.raw_p_values_fast < consistency) & (sig.effect < 1.0 / thr)
+    return np.asarray(slow | fast)
 
 
 def cold_start_ranks(sig: ImbalanceResult, alpha: float, min_effect: float) -> list[int]:
