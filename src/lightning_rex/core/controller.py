@@ -34,7 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.controller_state import check_controller_state
+from lightning_rex.core.controller_state import (
+    check_controller_state,
+    controller_state_dict,
+    load_controller_state,
+)
 from lightning_rex.core.decision import Decision, DecisionKind
 from lightning_rex.core.looks import SegmentBuffer, early_imbalance, validation_confidences
 from lightning_rex.core.model import RankTimeModel
@@ -46,9 +50,6 @@ from lightning_rex.core.significance import (
     ImbalanceResult,
     WindowHistory,
     imbalance_test,
-)
-from lightning_rex.core.state import (
-    StateError,
 )
 from lightning_rex.core.validation import non_inferiority
 from lightning_rex.core.window import Window
@@ -656,29 +657,7 @@ class Controller:
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The full state as JSON-able data (configuration is not included)."""
-        return {
-            "global_batch": self.global_batch,
-            "plan": list(self._plan),
-            "state": self._state,
-            "pending": None if self._pending is None else list(self._pending),
-            "previous": None if self._previous is None else list(self._previous),
-            "rejected": None if self._rejected is None else list(self._rejected),
-            "predicted": self._predicted,
-            "baseline": self._baseline,
-            "recent": self._recent,
-            "fitted_at": self._fitted_at,
-            "reference": self._reference,
-            "windows_seen": self.windows_seen,
-            "history": self._history.state_dict(),
-            "before": self._before,
-            "trial": self._trial,
-            "rolled_back": self._rolled_back,
-            "changed": self._changed,
-            "segments": [] if self._segments is None else self._segments.state_dict(),
-            "min_size": self.min_size,
-            "max_sizes": self.max_sizes,
-            "model": self.model.state_dict(),
-        }
+        return controller_state_dict(self)
 
     #: Check saved state against the run's ``B`` and ``N`` without loading it (every rank can
     #: run it; only rank 0 holds a controller): see
@@ -695,28 +674,4 @@ class Controller:
             StateError: Naming the field, when the state does not fit this controller
                 (see :meth:`check_state`).
         """
-        c = self.check_state(d, self.global_batch, self.world_size)
-        self.global_batch = sum(c["plan"])
-        try:
-            self.set_bounds(c["min_size"], c["max_sizes"])
-        except ValueError as err:
-            raise StateError("controller.max_sizes", str(err)) from None
-        self._plan = c["plan"]
-        self._state = c["state"]
-        self._pending, self._previous = c["pending"], c["previous"]
-        self._rejected = c["rejected"]
-        self._predicted = c["predicted"]
-        self._baseline = c["baseline"]
-        self._recent = c["recent"]
-        self._fitted_at = c["fitted_at"]
-        self._reference = c["reference"]
-        self.windows_seen = c["windows_seen"]
-        self._history.load_state_dict(c["history"])
-        self._before, self._changed, self._trial = c["before"], c["changed"], c["trial"]
-        self._rolled_back = c["rolled_back"]
-        if self._segments is not None:
-            try:
-                self._segments.load_state_dict(d.get("segments", []))
-            except (KeyError, TypeError, ValueError) as err:
-                raise StateError("controller.segments", str(err)) from None
-        self.model.load_state_dict(c["model"])
+        load_controller_state(self, d)

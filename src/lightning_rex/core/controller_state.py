@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_rex.core.model import RankTimeModel
 from lightning_rex.core.plan import Plan
@@ -17,7 +17,10 @@ from lightning_rex.core.state import (
     whole,
 )
 
-__all__ = ["check_controller_state"]
+if TYPE_CHECKING:
+    from lightning_rex.core.controller import Controller
+
+__all__ = ["check_controller_state", "controller_state_dict", "load_controller_state"]
 
 
 def check_controller_state(
@@ -110,3 +113,76 @@ def _caps(v: Any, name: str, world_size: int) -> list[int | None]:
     if not isinstance(v, list) or len(v) != world_size:
         raise StateError(name, f"must be a list of {world_size} caps (null for none)")
     return [None if c is None else whole(c, f"{name}[{i}]", 1) for i, c in enumerate(v)]
+
+
+# The controller's state round trip lives here, next to its check: this module is the
+# controller's own (it reads and writes the controller's private fields by design).
+def controller_state_dict(c: Controller) -> dict[str, Any]:
+    """A controller's full state as JSON-able data (``Controller.state_dict``).
+
+    Args:
+        c: The controller.
+
+    Returns:
+        The state (configuration is not included).
+    """
+    return {
+        "global_batch": c.global_batch,
+        "plan": list(c._plan),
+        "state": c._state,
+        "pending": None if c._pending is None else list(c._pending),
+        "previous": None if c._previous is None else list(c._previous),
+        "rejected": None if c._rejected is None else list(c._rejected),
+        "predicted": c._predicted,
+        "baseline": c._baseline,
+        "recent": c._recent,
+        "fitted_at": c._fitted_at,
+        "reference": c._reference,
+        "windows_seen": c.windows_seen,
+        "history": c._history.state_dict(),
+        "before": c._before,
+        "trial": c._trial,
+        "rolled_back": c._rolled_back,
+        "changed": c._changed,
+        "segments": [] if c._segments is None else c._segments.state_dict(),
+        "min_size": c.min_size,
+        "max_sizes": c.max_sizes,
+        "model": c.model.state_dict(),
+    }
+
+
+def load_controller_state(ctl: Controller, d: dict[str, Any]) -> None:
+    """Restore ``Controller.state_dict`` output into ``ctl`` (``Controller.load_state_dict``).
+
+    Args:
+        ctl: A controller built with the same arguments.
+        d: The saved state (possibly through a JSON round trip).
+
+    Raises:
+        StateError: Naming the field, when the state does not fit the controller.
+    """
+    s = check_controller_state(d, ctl.global_batch, ctl.world_size)
+    ctl.global_batch = sum(s["plan"])
+    try:
+        ctl.set_bounds(s["min_size"], s["max_sizes"])
+    except ValueError as err:
+        raise StateError("controller.max_sizes", str(err)) from None
+    ctl._plan = s["plan"]
+    ctl._state = s["state"]
+    ctl._pending, ctl._previous = s["pending"], s["previous"]
+    ctl._rejected = s["rejected"]
+    ctl._predicted = s["predicted"]
+    ctl._baseline = s["baseline"]
+    ctl._recent = s["recent"]
+    ctl._fitted_at = s["fitted_at"]
+    ctl._reference = s["reference"]
+    ctl.windows_seen = s["windows_seen"]
+    ctl._history.load_state_dict(s["history"])
+    ctl._before, ctl._changed, ctl._trial = s["before"], s["changed"], s["trial"]
+    ctl._rolled_back = s["rolled_back"]
+    if ctl._segments is not None:
+        try:
+            ctl._segments.load_state_dict(d.get("segments", []))
+        except (KeyError, TypeError, ValueError) as err:
+            raise StateError("controller.segments", str(err)) from None
+    ctl.model.load_state_dict(s["model"])

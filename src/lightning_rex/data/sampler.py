@@ -18,7 +18,8 @@ uses one plan, and a plan change never reaches a batch that was already fetched.
 With global batch scaling the schedule's plans may sum to different global batches. The
 epoch's grid is then piecewise: from the first batch of a step whose plan changes ``B``, the
 rest of the epoch is cut into batches of the new ``B`` from the first sample the batches
-before it did not take (:func:`batch_grid`), as when a run resumes on another world size. A
+before it did not take (:func:`~lightning_rex.data.grid.batch_grid`), as when a run resumes
+on another world size. A
 change is scheduled only at a step no rank has fetched, so every rank cuts the same grid, and
 every sample of the epoch is still used once.
 
@@ -39,86 +40,9 @@ from torch.utils.data import DistributedSampler, Sampler
 from lightning_rex.core.plan import Plan, even_plan, split_in_proportion
 from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.state import StateError, field, int_list, whole
+from lightning_rex.data.grid import Grid, batch_grid, grid_first_sample, grid_length
 
-__all__ = ["UnevenBatchSampler", "batch_grid", "grid_first_sample", "grid_length"]
-
-Grid = list[tuple[int, int, int]]
-"""An epoch's batch grid: ``(first batch, its first sample, global batch)`` segments."""
-
-
-def batch_grid(
-    plans: PlanSchedule,
-    num_samples: int,
-    origin: tuple[int, int],
-    epoch_start_step: int,
-    accumulate: int,
-    world_size: int = 1,
-    drop_last: bool = False,
-) -> Grid:
-    """An epoch's batch grid: where each run of batches of one global batch starts.
-
-    Args:
-        plans: The plan schedule (its plans' sums are the global batches).
-        num_samples: The epoch's samples.
-        origin: ``(batch, sample)``: batch ``batch`` starts at sample ``sample`` (``(0, 0)``
-            except in an epoch resumed on another world size).
-        epoch_start_step: The step of the epoch's first batch.
-        accumulate: Batches per step.
-        world_size: The number of ranks (a final partial batch needs a sample for each).
-        drop_last: Whether the final partial batch is dropped.
-
-    Returns:
-        Segments in batch order; a schedule entry that changes the global batch at a batch
-        the epoch still reaches starts a new one at the first sample not yet taken.
-    """
-    ob, os_ = origin
-    grid: Grid = [(ob, os_, plans.batch_at(epoch_start_step + ob // accumulate))]
-    for step, plan in plans.entries:
-        k = (step - epoch_start_step) * accumulate
-        fb, fs, gb = grid[-1]
-        b = sum(plan)
-        if k <= fb or b == gb:
-            continue
-        # a change at or past the epoch's last batch belongs to the next epoch (with
-        # drop_last the samples left over are not "the rest of the epoch")
-        if k >= grid_length([(fb, fs, gb)], num_samples, world_size, drop_last):
-            break
-        grid.append((k, fs + (k - fb) * gb, b))
-    return grid
-
-
-def grid_first_sample(grid: Grid, index: int) -> int:
-    """The first sample of batch ``index`` on a grid.
-
-    Args:
-        grid: The epoch's grid.
-        index: The batch index.
-
-    Returns:
-        The permutation position its global batch starts at.
-    """
-    for fb, fs, gb in reversed(grid):
-        if index >= fb:
-            return fs + (index - fb) * gb
-    fb, fs, gb = grid[0]
-    return fs + (index - fb) * gb
-
-
-def grid_length(grid: Grid, num_samples: int, world_size: int, drop_last: bool) -> int:
-    """Batches in an epoch on a grid (a final partial batch needs a sample for every rank).
-
-    Args:
-        grid: The epoch's grid.
-        num_samples: The epoch's samples.
-        world_size: The number of ranks.
-        drop_last: Drop the final partial batch.
-
-    Returns:
-        The number of batches.
-    """
-    fb, fs, gb = grid[-1]
-    full, rem = divmod(max(0, num_samples - fs), gb)
-    return fb + full + (1 if (rem >= world_size and not drop_last) else 0)
+__all__ = ["UnevenBatchSampler"]
 
 
 class _Sized:
