@@ -37,7 +37,7 @@ from lightning_rex.driver.protocols import PlanTarget, ScheduleTarget
 from lightning_rex.driver.records import DecisionLog
 from lightning_rex.lightning.collectives import device_key, driver_collectives
 from lightning_rex.lightning.progress import is_step_end, steps_done
-from lightning_rex.lightning.scaling import TrainingScaling
+from lightning_rex.lightning.scaling import TrainingScaling, amp_scales, setup_scaling
 from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound
 from lightning_rex.measure.timing import ComputeTimer
 
@@ -181,45 +181,10 @@ class RexCallback(Callback):
         self._reset()
         self._trainer = trainer
         if self.global_batch is not None:
-            self._setup_scaling(trainer, pl_module)
+            setup_scaling(self.global_batch, trainer, pl_module)
         device = trainer.strategy.root_device
         self._timer = ComputeTimer(device)
         self._telemetry = GpuTelemetry(device)
-
-    def _setup_scaling(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        cfg = self.global_batch
-        assert cfg is not None
-        if not hasattr(trainer.strategy, "batch_range"):
-            raise ValueError(
-                "RexCallback(global_batch=...) needs strategy='rex': plain DDP cannot change "
-                "the global batch"
-            )
-        if not pl_module.automatic_optimization:
-            raise ValueError(
-                "RexCallback(global_batch=...) needs automatic optimization: the noise scale is "
-                "measured at the optimizer step"
-            )
-        if trainer.world_size < 2:
-            raise ValueError(
-                "RexCallback(global_batch=...) needs at least 2 ranks: the gradient noise scale "
-                "is estimated from the ranks' local gradients against the global one"
-            )
-        if cfg.min_global_batch < trainer.world_size:
-            raise ValueError(
-                f"min_global_batch={cfg.min_global_batch} is below the world size "
-                f"{trainer.world_size}: every rank needs a sample"
-            )
-        bounds = getattr(trainer.strategy, "bounds", None)
-        if bounds is not None:  # the micro-batch bounds must hold both ends of the range
-            for name, b in (
-                ("min_global_batch", cfg.min_global_batch),
-                ("max_global_batch", cfg.max_global_batch),
-            ):
-                try:
-                    bounds.check_feasible(b, trainer.world_size)
-                except ValueError as err:
-                    raise ValueError(f"GlobalBatchScaling.{name}={b}: {err}") from None
-        trainer.strategy.batch_range = (cfg.min_global_batch, cfg.max_global_batch)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the driver once the train loader (and so the plan schedule) exists."""
@@ -411,12 +376,7 @@ class RexCallback(Callback):
         # the epoch's final partial batch: with accumulation its micro-batches had different
         # loss factors, so the step is left out (the all-reduce still happens)
         usable = tuple(sizes) == tuple(plan)
-        scaler = getattr(trainer, "scaler", None) or getattr(
-            getattr(strategy, "precision_plugin", None), "scaler", None
-        )
-        amp = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
-        # an optimizer that unscales itself (fused) is stepped with p.grad still scaled
-        scaled_global = amp != 1.0 and bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        amp, global_scale = amp_scales(strategy, optimizer)
         decider = self.driver.decider
         feed = decider.add_gradient_norms if isinstance(decider, ScalingDecider) else None
         with self.driver.guard("measuring the gradient noise scale"):
@@ -428,7 +388,7 @@ class RexCallback(Callback):
                 lambda t: strategy.reduce(t, reduce_op="sum"),
                 feed,
                 usable=usable,
-                global_scale=amp if scaled_global else 1.0,
+                global_scale=global_scale,
             )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -5,7 +5,8 @@ Under automatic optimization that is ``trainer.global_step``; under manual optim
 ``global_step`` counts every ``optimizer.step()`` (two per batch in a GAN), so REX uses the
 fit loop's own count of batches that stepped, which Lightning keeps for its loggers and
 saves in checkpoints. These helpers are the only place that reads Lightning's private loop
-attributes; the package pins Lightning to a range in which they exist.
+attributes (and :func:`set_epoch_length` the only one that writes them); the package pins
+Lightning to a range in which they exist.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-__all__ = ["is_step_end", "loader_state_to_restore", "steps_done"]
+__all__ = ["is_step_end", "loader_state_to_restore", "set_epoch_length", "steps_done"]
 
 
 def steps_done(trainer: pl.Trainer) -> int:
@@ -59,3 +60,38 @@ def loader_state_to_restore(trainer: pl.Trainer) -> dict[str, Any] | None:
         return None
     state = states[0]
     return state if isinstance(state, dict) and "rex_sampler" in state else None
+
+
+def set_epoch_length(trainer: pl.Trainer, n: int) -> None:
+    """Tell Lightning the train epoch now has ``n`` batches.
+
+    Lightning counts them once, at the start of the fit, in four places: the fit loop's
+    ``max_batches``, the combined loader's limits, the data fetcher's length (it ends the
+    epoch there) and, for a fractional ``val_check_interval``, ``val_check_batch`` (it
+    validates there). Without ``limit_train_batches=1.0`` the user's limit stands and
+    nothing is changed; a batch count or time interval for validation stands too.
+
+    Args:
+        trainer: The Trainer.
+        n: The epoch's batches now.
+    """
+    limit = trainer.limit_train_batches
+    if not (isinstance(limit, float) and limit == 1.0):  # the int 1 is "one batch"
+        return
+    loop = trainer.fit_loop
+    loop.max_batches = n
+    combined = loop._combined_loader
+    if combined is not None and combined.limits is not None:
+        combined.limits = [n] * len(combined.flattened)
+    fetcher = loop._data_fetcher
+    if fetcher is not None and fetcher.length is not None:
+        fetcher.length = n
+        fetcher.done = fetcher.fetched >= n
+    vcb = trainer.val_check_batch
+    if (
+        getattr(trainer, "_val_check_time_interval", None) is None
+        and isinstance(trainer.val_check_interval, float)
+        and vcb is not None
+        and vcb != float("inf")
+    ):
+        trainer.val_check_batch = max(1, int(n * trainer.val_check_interval))

@@ -34,7 +34,7 @@ from lightning_rex.core.batch_scaling import GlobalBatchScaling
 from lightning_rex.core.noise_scale import NoiseScale, lr_factor
 from lightning_rex.data.weighting import LossReduction, loss_scale
 
-__all__ = ["GradientNorms", "LearningRate", "TrainingScaling"]
+__all__ = ["GradientNorms", "LearningRate", "TrainingScaling", "amp_scales", "setup_scaling"]
 
 
 class GradientNorms:
@@ -239,3 +239,67 @@ class TrainingScaling:
             "noise": self.noise.state_dict(),
             "batch": self.batch,
         }
+
+
+def setup_scaling(cfg: GlobalBatchScaling, trainer: Any, pl_module: Any) -> None:
+    """Check that a fit can scale its global batch, and give the strategy the range.
+
+    Args:
+        cfg: The scaling settings.
+        trainer: The Trainer (its strategy gets ``batch_range``).
+        pl_module: The LightningModule.
+
+    Raises:
+        ValueError: Naming what does not fit: not ``strategy="rex"``, manual optimization,
+            one rank, or a range the micro-batch bounds cannot hold.
+    """
+    if not hasattr(trainer.strategy, "batch_range"):
+        raise ValueError(
+            "RexCallback(global_batch=...) needs strategy='rex': plain DDP cannot change "
+            "the global batch"
+        )
+    if not pl_module.automatic_optimization:
+        raise ValueError(
+            "RexCallback(global_batch=...) needs automatic optimization: the noise scale is "
+            "measured at the optimizer step"
+        )
+    if trainer.world_size < 2:
+        raise ValueError(
+            "RexCallback(global_batch=...) needs at least 2 ranks: the gradient noise scale "
+            "is estimated from the ranks' local gradients against the global one"
+        )
+    if cfg.min_global_batch < trainer.world_size:
+        raise ValueError(
+            f"min_global_batch={cfg.min_global_batch} is below the world size "
+            f"{trainer.world_size}: every rank needs a sample"
+        )
+    bounds = getattr(trainer.strategy, "bounds", None)
+    if bounds is not None:  # the micro-batch bounds must hold both ends of the range
+        for name, b in (
+            ("min_global_batch", cfg.min_global_batch),
+            ("max_global_batch", cfg.max_global_batch),
+        ):
+            try:
+                bounds.check_feasible(b, trainer.world_size)
+            except ValueError as err:
+                raise ValueError(f"GlobalBatchScaling.{name}={b}: {err}") from None
+    trainer.strategy.batch_range = (cfg.min_global_batch, cfg.max_global_batch)
+
+
+def amp_scales(strategy: Any, optimizer: Any) -> tuple[float, float]:
+    """The AMP loss scale the local gradients carry, and the one ``p.grad`` still carries.
+
+    Lightning unscales ``p.grad`` before ``on_before_optimizer_step``, except for an
+    optimizer that unscales itself (fused), which is stepped with ``p.grad`` still scaled.
+
+    Args:
+        strategy: The Trainer's strategy (its precision plugin holds the scaler).
+        optimizer: The optimizer being stepped.
+
+    Returns:
+        ``(local scale, global scale)``; ``(1, 1)`` without AMP.
+    """
+    scaler = getattr(getattr(strategy, "precision_plugin", None), "scaler", None)
+    amp = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+    fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+    return amp, (amp if amp != 1.0 and fused else 1.0)

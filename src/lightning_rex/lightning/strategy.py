@@ -30,7 +30,11 @@ from lightning_rex.data.loader import RexDataLoader, build_rex_loader
 from lightning_rex.data.sampler import UnevenBatchSampler
 from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
 from lightning_rex.lightning.callback import RexCallback
-from lightning_rex.lightning.progress import loader_state_to_restore, steps_done
+from lightning_rex.lightning.progress import (
+    loader_state_to_restore,
+    set_epoch_length,
+    steps_done,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -368,38 +372,12 @@ class RexStrategy(DDPStrategy):
         (the fit loop's ``max_batches``, the combined loader's limits, the data fetcher's
         length, and ``val_check_batch`` for a fractional ``val_check_interval``) and ends
         every epoch, and validates, there. Global batch scaling changes the count: a new
-        global batch re-cuts the rest of the epoch. Without ``limit_train_batches=1.0`` the
-        user's limit stands and nothing is changed.
+        global batch re-cuts the rest of the epoch (see
+        :func:`~lightning_rex.lightning.progress.set_epoch_length`).
         """
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        limit = trainer.limit_train_batches if trainer is not None else None
-        # the int 1 is "one batch per epoch", the float 1.0 "the whole epoch"
-        if (
-            trainer is None
-            or self._loader is None
-            or not (isinstance(limit, float) and limit == 1.0)
-        ):
-            return
-        n = len(self._loader)
-        loop = trainer.fit_loop
-        loop.max_batches = n
-        combined = loop._combined_loader
-        if combined is not None and combined.limits is not None:
-            combined.limits = [n] * len(combined.flattened)
-        fetcher = loop._data_fetcher
-        if fetcher is not None and fetcher.length is not None:
-            fetcher.length = n
-            fetcher.done = fetcher.fetched >= n
-        # validation every fraction of an epoch is counted in batches too (as Lightning
-        # computes it at the start of the fit); a batch count or a time interval stands
-        vcb = trainer.val_check_batch
-        if (
-            getattr(trainer, "_val_check_time_interval", None) is None
-            and isinstance(trainer.val_check_interval, float)
-            and vcb is not None
-            and vcb != float("inf")
-        ):
-            trainer.val_check_batch = max(1, int(n * trainer.val_check_interval))
+        if trainer is not None and self._loader is not None:
+            set_epoch_length(trainer, len(self._loader))
 
     @property
     def train_loader(self) -> RexDataLoader | None:
