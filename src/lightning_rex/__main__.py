@@ -1,4 +1,8 @@
-"""Command line: ``python -m lightning_rex {bench,simulate}``.
+"""Command line: ``python -m lightning_rex {bench,simulate,report}``.
+
+``bench`` runs a real benchmark of ddp against rex, ``simulate`` runs rescaling policies on a
+simulated cluster, and ``report`` plots a run's ``rex_decisions.jsonl`` or a simulator trace
+(PNGs and an HTML page).
 
 Each sub-command lives in its own module and registers its parser here; heavy imports are
 deferred so that ``--help`` stays fast.
@@ -18,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         The configured :class:`argparse.ArgumentParser`.
     """
     from lightning_rex.sim import cli as sim_cli
-    from lightning_rex.tools import bench
+    from lightning_rex.tools import bench, report
 
     parser = argparse.ArgumentParser(
         prog="python -m lightning_rex",
@@ -27,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     bench.add_parser(sub)
     sim_cli.add_parser(sub)
+    report.add_parser(sub)
     return parser
 
 

@@ -16,7 +16,9 @@ prints aggregates instead (mean/min efficiency over the whole run and at steady 
 false rescales per 10,000 steps, the share of events acted on within 3 windows, decision
 latency); ``--cv`` / ``--ar1`` / ``--steps`` override the scenario, and ``--warmup`` /
 ``--decision-lag`` the window loop's settings (to see what each of training's costs takes
-from a policy).
+from a policy). ``--trace DIR`` also writes every run's window records (the format of
+training's ``rex_decisions.jsonl``) and ``DIR/summary.json``, which
+``python -m lightning_rex report DIR`` plots (see :mod:`lightning_rex.sim.trace`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="override the steps from a gather to its decision (default: half the steps between"
         " gathers, window // 2 for peers, window // 6 for rex's three looks per window)",
+    )
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="write each run's window records to DIR/<scenario>/<policy>/seed<k>.jsonl and the"
+        " seed aggregates to DIR/summary.json (input of 'report')",
     )
     p.set_defaults(func=main)
     return p
@@ -127,6 +136,7 @@ def main(args: argparse.Namespace) -> int:
     from lightning_rex.sim.report import aggregate, paired_ratio
     from lightning_rex.sim.scenario import ScenarioError
     from lightning_rex.sim.schema import load_scenario
+    from lightning_rex.sim.trace import run_traced, trace_path, write_records, write_summary
 
     try:
         scen = load_scenario(args.scenario)
@@ -149,9 +159,21 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
+
+    def one(n: str, seed: int, oracle: Any) -> dict[str, Any]:
+        if args.trace is None:
+            return run(scen, n, seed, oracle=oracle, loop=loops[n]).to_dict()
+        res, records = run_traced(scen, n, seed, oracle, loops[n])
+        if n != "oracle":  # the oracle runs no window loop
+            write_records(trace_path(args.trace, scen.name, n, seed), records)
+        return res.to_dict()
+
     if args.seeds is None:
         oracle = simulate(scen, OraclePolicy(scen), args.seed)
-        res = {n: run(scen, n, args.seed, oracle=oracle, loop=loops[n]).to_dict() for n in names}
+        res = {n: one(n, args.seed, oracle) for n in names}
+        if args.trace is not None:
+            path = write_summary(args.trace, scen, [args.seed], {n: [r] for n, r in res.items()})
+            print(f"simulate: wrote the trace to {path.parent}", file=sys.stderr)
         if args.json:
             print(json.dumps({"scenario": scen.name, "seed": args.seed, "policies": res}))
         else:
@@ -179,7 +201,10 @@ def main(args: argparse.Namespace) -> int:
     for seed in seeds:
         oracle = simulate(scen, OraclePolicy(scen), seed)
         for n in names:
-            per[n].append(run(scen, n, seed, oracle=oracle, loop=loops[n]).to_dict())
+            per[n].append(one(n, seed, oracle))
+    if args.trace is not None:
+        path = write_summary(args.trace, scen, seeds, per)
+        print(f"simulate: wrote the trace to {path.parent}", file=sys.stderr)
     agg = {n: aggregate(rs, scen.steps) for n, rs in per.items()}
     if "rex" in per:  # each policy against rex, paired by seed
         rex = [r["efficiency"] for r in per["rex"]]

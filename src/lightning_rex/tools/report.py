@@ -1,0 +1,367 @@
+r"""``python -m lightning_rex report``: PNG plots and an HTML page of a run's decisions.
+
+Inputs (one or more)::
+
+    python -m lightning_rex report lightning_logs/version_0            # a run directory
+    python -m lightning_rex report rex_decisions.jsonl --run-id ID     # a decision log
+    python -m lightning_rex report TRACE_DIR --policy rex --seed 0     # simulate --trace DIR
+    python -m lightning_rex report a.json b.json                       # simulate --json output
+
+A run directory is searched for ``rex_decisions.jsonl`` files; of the runs they hold
+(``run_id``), the last one is drawn unless ``--run-id`` picks another. For a decision log the
+report draws ``compute.png`` (each rank's median compute time per window, plan changes as
+vertical lines), ``plan.png`` (each rank's micro-batch over steps), ``pvalues.png`` (the
+imbalance test's adjusted p-values against alpha, with the proposals, accepts and rollbacks
+marked) and ``throughput.png`` (global samples per second, against the limit where the
+records carry ``limit_samples_per_s``, as simulator traces do). A simulator trace directory
+(``simulate --trace DIR``) gives those plots per scenario, prefixed by the scenario's name,
+for ``--policy`` on ``--seed``, and ``comparison.png``: each policy's efficiency per scenario,
+the geometric mean over seeds with its 95% interval. ``simulate --json`` output gives the
+comparison without intervals (it keeps no per-seed figures; ``--trace`` does). With more than
+16 ranks, 16 are drawn over the band of all. ``index.html`` shows the plots with a summary
+and a table of the decisions other than hold. Exit code 2 for an input that cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_ALPHA", "Report", "ReportError", "add_parser", "load_inputs", "main"]
+
+#: The imbalance test's level when neither ``--alpha`` nor the records give one: the default
+#: of ``Controller`` and ``RexCallback`` (not imported here: they pull in torch).
+DEFAULT_ALPHA = 0.01
+LOG_NAME = "rex_decisions.jsonl"
+MAX_TABLE_ROWS = 500
+
+Interval = tuple[float, float | None, float | None]
+
+
+class ReportError(Exception):
+    """An input that cannot be reported on (the CLI prints it and exits with 2)."""
+
+
+@dataclass
+class Report:
+    """What the inputs hold.
+
+    Attributes:
+        runs: ``(label, source, records)`` of every run to draw window plots for.
+        comparison: Per scenario, per policy, ``(centre, low, high)`` efficiency.
+        notes: Sentences for the page (how the comparison was computed).
+    """
+
+    runs: list[tuple[str, Path, list[dict[str, Any]]]] = field(default_factory=list)
+    comparison: dict[str, dict[str, Interval]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``report`` sub-command.
+
+    Args:
+        subparsers: The object returned by ``ArgumentParser.add_subparsers``.
+
+    Returns:
+        The sub-parser, with ``func`` set to :func:`main`.
+    """
+    p = subparsers.add_parser(
+        "report",
+        help="plot a run's decision log or a simulator trace (PNGs and index.html)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a run directory, a rex_decisions.jsonl file, a 'simulate --trace' directory, or"
+        " 'simulate --json' output files",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="output directory (default: rex_report/ inside the first input directory, or next"
+        " to the first input file)",
+    )
+    p.add_argument("--run-id", default=None, help="the run to draw (default: the log's last)")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help=f"significance level to draw (default: the records' own, else {DEFAULT_ALPHA})",
+    )
+    p.add_argument("--policy", default="rex", help="trace directories: the policy to draw")
+    p.add_argument("--seed", type=int, default=None, help="trace directories: the seed to draw")
+    p.set_defaults(func=main)
+    return p
+
+
+def _read_log(path: Path) -> list[dict[str, Any]]:
+    from lightning_rex.driver.records import DecisionLog
+
+    try:
+        records = DecisionLog.read(path)
+    except ValueError as e:
+        raise ReportError(str(e)) from None
+    return [r for r in records if isinstance(r, dict) and "window" in r and "plan" in r]
+
+
+def _pick_run(
+    logs: Sequence[tuple[Path, list[dict[str, Any]]]], run_id: str | None, where: Path
+) -> tuple[str, Path, list[dict[str, Any]]]:
+    """One run's records from logs (in order): ``run_id``'s, or the last run's."""
+    runs: dict[str, tuple[Path, list[dict[str, Any]]]] = {}
+    last = None
+    for path, records in logs:
+        for r in records:
+            last = str(r.get("run_id"))
+            runs.setdefault(last, (path, []))[1].append(r)
+    if last is None:
+        raise ReportError(f"{where} holds no window records")
+    run_id = last if run_id is None else run_id
+    if run_id not in runs:
+        raise ReportError(f"run id {run_id!r} is not in {where}; its runs: {', '.join(runs)}")
+    return run_id, runs[run_id][0], runs[run_id][1]
+
+
+def _comparison_from_json(d: dict[str, Any], path: Path, out: Report) -> None:
+    """``simulate --json`` output: one run (efficiency) or seed aggregates (eff_mean)."""
+    pols = d.get("policies")
+    if not isinstance(pols, dict) or "scenario" not in d:
+        raise ReportError(f"{path}: not 'simulate --json' output nor a trace summary.json")
+    key = "efficiency" if "seed" in d else "eff_mean"
+    row = {n: (float(m[key]), None, None) for n, m in pols.items() if n != "oracle"}
+    out.comparison.setdefault(str(d["scenario"]), {}).update(row)
+    out.notes.append(f"{path.name}: {key} without an interval (use 'simulate --trace' for one).")
+
+
+def _trace(root: Path, args: argparse.Namespace, out: Report) -> None:
+    """A ``simulate --trace`` directory: the comparison, and the window plots of one run."""
+    try:
+        summary = json.loads((root / "summary.json").read_text())
+        scenarios = dict(summary["scenarios"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ReportError(f"{root / 'summary.json'}: not a trace summary ({e})") from None
+    for name, s in scenarios.items():
+        rows = {}
+        for pol, d in s["policies"].items():
+            if pol != "oracle":
+                lo, hi = d.get("eff_ci95") or (None, None)
+                rows[pol] = (float(d["eff_gmean"]), lo, hi)
+        out.comparison.setdefault(name, {}).update(rows)
+        seed = s["seeds"][0] if args.seed is None else args.seed
+        log = root / s.get("trace_dir", name) / args.policy / f"seed{seed}.jsonl"
+        if not log.exists():
+            raise ReportError(f"{log}: no trace of policy {args.policy!r}, seed {seed}")
+        records = _read_log(log)
+        if records:
+            out.runs.append((f"{name}: {args.policy}, seed {seed}", log, records))
+        else:  # e.g. LBB: it changes the plan every step, so no window completes
+            out.notes.append(f"{name}: {args.policy} wrote no window records ({log}).")
+    out.notes.append(
+        "Efficiency: throughput over the oracle's on the same seed; the point is the geometric"
+        " mean over seeds, the bar its 95% Student-t interval (none for one seed)."
+    )
+
+
+def load_inputs(paths: Sequence[str], args: argparse.Namespace) -> Report:
+    """Read every input.
+
+    Args:
+        paths: The inputs (run directories, logs, trace directories, JSON files).
+        args: The parsed options (``run_id``, ``policy``, ``seed``).
+
+    Returns:
+        The runs to draw and the comparison.
+
+    Raises:
+        ReportError: For a missing, empty or unreadable input, or an unknown run id.
+    """
+    out = Report()
+    for spec in paths:
+        p = Path(spec)
+        if not p.exists():
+            raise ReportError(f"{p}: no such file or directory")
+        if p.is_dir() and (p / "summary.json").exists():
+            _trace(p, args, out)
+        elif p.is_dir():
+            files = sorted(p.rglob(LOG_NAME), key=lambda f: (f.stat().st_mtime, str(f)))
+            if not files:
+                raise ReportError(f"{p}: no {LOG_NAME} or summary.json below it")
+            out.runs.append(_pick_run([(f, _read_log(f)) for f in files], args.run_id, p))
+        elif p.suffix == ".json":
+            try:
+                d = json.loads(p.read_text())
+            except json.JSONDecodeError as e:
+                raise ReportError(f"{p}: not JSON ({e})") from None
+            if isinstance(d, dict) and "scenarios" in d:
+                _trace(p.parent, args, out)
+            else:
+                _comparison_from_json(d if isinstance(d, dict) else {}, p, out)
+        else:
+            out.runs.append(_pick_run([(p, _read_log(p))], args.run_id, p))
+    return out
+
+
+def _fmt_plan(plan: Sequence[int] | None) -> str:
+    if plan is None:
+        return "-"
+    head = ", ".join(str(b) for b in plan[:8])
+    return f"[{head}{', ...' if len(plan) > 8 else ''}] (B={sum(plan)}, N={len(plan)})"
+
+
+def _run_section(label: str, source: Path, records: list[dict[str, Any]], pngs: list[Path]) -> str:
+    """The HTML of one run: summary, plots, and its non-hold decisions."""
+    e = html.escape
+    changes = [r for r in records if r.get("effective_step") is not None]
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[str(r["decision"])] = counts.get(str(r["decision"]), 0) + 1
+    final = changes[-1]["new_plan"] if changes else records[-1]["plan"]
+    summary = [
+        ("run", label),
+        ("run id", str(records[0].get("run_id"))),
+        ("source", str(source)),
+        ("windows", f"{len(records)} (steps {records[0]['window'][0]}-{records[-1]['step']})"),
+        ("plan changes", str(len(changes))),
+        ("rollbacks", str(counts.get("rollback", 0))),
+        ("decisions", ", ".join(f"{k} {v}" for k, v in counts.items())),
+        ("first plan", _fmt_plan(records[0]["plan"])),
+        ("final plan", _fmt_plan(final)),
+    ]
+    parts = [f"<h2>{e(label)}</h2>", "<table>"]
+    parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in summary]
+    parts.append("</table>")
+    parts += [
+        f'<p><a href="{e(p.name)}"><img src="{e(p.name)}" alt="{e(p.stem)}"></a></p>' for p in pngs
+    ]
+    acted = [r for r in records if r["decision"] != "hold"]
+    parts.append(f"<h3>Decisions other than hold ({len(acted)})</h3>")
+    if acted:
+        parts.append(
+            "<table><tr><th>window</th><th>decision</th><th>plan</th><th>new plan</th>"
+            "<th>effective step</th><th>imbalance</th><th>reason</th></tr>"
+        )
+        for r in acted[:MAX_TABLE_ROWS]:
+            imb = r.get("imbalance")
+            cells = [
+                f"{r['window'][0]}-{r['window'][1]}",
+                str(r["decision"]),
+                _fmt_plan(r["plan"]),
+                _fmt_plan(r.get("new_plan")),
+                "-" if r.get("effective_step") is None else str(r["effective_step"]),
+                "-" if imb is None else f"{imb:.3f}",
+                str(r.get("reason", "")),
+            ]
+            parts.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
+        parts.append("</table>")
+        if len(acted) > MAX_TABLE_ROWS:
+            parts.append(f"<p>({len(acted) - MAX_TABLE_ROWS} more rows left out)</p>")
+    return "\n".join(parts)
+
+
+def _page(report: Report, sections: list[str], comparison: Path | None) -> str:
+    e = html.escape
+    parts = [
+        "<!DOCTYPE html>",
+        '<html><head><meta charset="utf-8"><title>lightning-rex report</title>',
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
+        "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;"
+        "padding:2px 6px;text-align:left;font-size:90%}img{max-width:100%}</style>",
+        "</head><body><h1>lightning-rex report</h1>",
+    ]
+    if comparison is not None:
+        parts.append("<h2>Policies compared</h2>")
+        parts += [f"<p>{e(n)}</p>" for n in report.notes]
+        parts.append(f'<p><img src="{e(comparison.name)}" alt="comparison"></p>')
+        parts.append(
+            "<table><tr><th>scenario</th><th>policy</th><th>efficiency</th>"
+            "<th>95% interval</th></tr>"
+        )
+        for scen, rows in report.comparison.items():
+            for pol, (c, lo, hi) in rows.items():
+                ci = "-" if lo is None or hi is None else f"[{lo:.4f}, {hi:.4f}]"
+                parts.append(
+                    f"<tr><td>{e(scen)}</td><td>{e(pol)}</td><td>{c:.4f}</td><td>{ci}</td></tr>"
+                )
+        parts.append("</table>")
+    parts += sections
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the sub-command.
+
+    Args:
+        args: The parsed arguments of :func:`add_parser`'s parser.
+
+    Returns:
+        The exit code: 0; 1 without matplotlib; 2 for an input that cannot be reported on.
+    """
+    try:
+        import matplotlib  # noqa: F401  (the optional dependency, named in the message)
+
+        from lightning_rex.tools import plots
+    except ImportError as err:
+        print(
+            f"report: matplotlib is needed ({err}); install it with "
+            "`pip install lightning-rex[plot]`",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        report = load_inputs(args.inputs, args)
+    except ReportError as err:
+        print(f"report: {err}", file=sys.stderr)
+        return 2
+    if args.alpha is not None and not 0.0 < args.alpha < 1.0:
+        print(f"report: --alpha must be in (0, 1), got {args.alpha}", file=sys.stderr)
+        return 2
+    first = Path(args.inputs[0])
+    out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "rex_report"
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    sections = []
+    used: set[str] = set()
+    for label, source, records in report.runs:
+        w = plots.Windows.from_records(records)
+        alpha = args.alpha or next((float(r["alpha"]) for r in records if r.get("alpha")), None)
+        alpha = alpha or DEFAULT_ALPHA
+        # one run: compute.png, ...; several: <scenario or run id>_compute.png, ...
+        prefix = "" if len(report.runs) == 1 else _slug(label.split(":")[0]) + "_"
+        while prefix in used:
+            prefix = f"{prefix}{len(used)}_"
+        used.add(prefix)
+        title = f"{label}: "
+        pngs = [
+            plots.plot_compute(w, out / f"{prefix}compute.png", title),
+            plots.plot_plan(w, out / f"{prefix}plan.png", float(records[-1]["step"]), title),
+            plots.plot_pvalues(w, out / f"{prefix}pvalues.png", alpha, title),
+            plots.plot_throughput(w, out / f"{prefix}throughput.png", title),
+        ]
+        written += pngs
+        sections.append(_run_section(label, source, records, pngs))
+    comparison = None
+    if report.comparison:
+        comparison = plots.plot_comparison(report.comparison, out / "comparison.png")
+        written.append(comparison)
+    page = out / "index.html"
+    page.write_text(_page(report, sections, comparison))
+    written.append(page)
+    for p in written:
+        print(p)
+    return 0

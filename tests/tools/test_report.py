@@ -1,0 +1,210 @@
+"""``python -m lightning_rex report``: PNGs of the expected size and an HTML page.
+
+The decision log ``data/rex_decisions.jsonl`` was recorded from the simulator (rex on 4
+ranks, rank 1 slowing down 1.6x halfway; ``data/make_rex_decisions.py`` regenerates it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_rex.sim import cli as sim_cli
+from lightning_rex.tools import plots, report
+
+DATA = Path(__file__).with_name("data") / "rex_decisions.jsonl"
+WINDOW_PNGS = ("compute.png", "plan.png", "pvalues.png", "throughput.png")
+SIZE = (round(plots.FIGSIZE[0] * plots.DPI), round(plots.FIGSIZE[1] * plots.DPI))
+
+
+def run_report(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command", required=True)
+    report.add_parser(sub)
+    args = p.parse_args(["report", *argv])
+    rc = args.func(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def check_pngs(out: Path, names: tuple[str, ...] | list[str]) -> None:
+    for name in names:
+        path = out / name
+        assert path.is_file() and path.stat().st_size > 0, name
+        assert png_size(path) == SIZE, name
+
+
+def records() -> list[dict]:
+    return [json.loads(x) for x in DATA.read_text().splitlines()]
+
+
+def test_report_of_a_recorded_decision_log(tmp_path, capsys):
+    out = tmp_path / "rep"
+    rc, stdout, _ = run_report([str(DATA), "--out", str(out)], capsys)
+    assert rc == 0
+    check_pngs(out, WINDOW_PNGS)
+    page = (out / "index.html").read_text()
+    assert {str(out / n) for n in [*WINDOW_PNGS, "index.html"]} == set(stdout.split())
+    for name in WINDOW_PNGS:
+        assert f'src="{name}"' in page
+    assert "fixture0" in page and "[98, 60, 48, 50]" in page  # run id and final plan
+    assert page.count("<td>propose</td>") == 3 and page.count("<td>accept</td>") == 3
+    assert "<td>hold</td>" not in page
+
+
+def test_a_run_directory_is_searched_and_the_report_goes_inside_it(tmp_path, capsys):
+    run = tmp_path / "lightning_logs" / "version_0"
+    run.mkdir(parents=True)
+    shutil.copy(DATA, run / "rex_decisions.jsonl")
+    rc, _, _ = run_report([str(tmp_path / "lightning_logs")], capsys)
+    assert rc == 0
+    check_pngs(tmp_path / "lightning_logs" / "rex_report", WINDOW_PNGS)
+
+
+def test_run_id_picks_one_run_of_several_and_defaults_to_the_last(tmp_path, capsys):
+    recs = records()
+    other = [{**r, "run_id": "second", "plan": [64] * 4} for r in recs[:5]]
+    log = tmp_path / "rex_decisions.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in [*recs, *other]))
+    rc, _, _ = run_report([str(log), "--out", str(tmp_path / "a")], capsys)
+    assert rc == 0 and "second" in (tmp_path / "a" / "index.html").read_text()
+    assert "fixture0" not in (tmp_path / "a" / "index.html").read_text()
+    rc, _, _ = run_report([str(log), "--out", str(tmp_path / "b"), "--run-id", "fixture0"], capsys)
+    assert rc == 0 and "fixture0" in (tmp_path / "b" / "index.html").read_text()
+    rc, _, err = run_report([str(log), "--run-id", "nope"], capsys)
+    assert rc == 2 and "'nope'" in err and "fixture0, second" in err
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "no-log-dir", "bad-json", "bad-alpha"])
+def test_unreadable_inputs_exit_2_with_a_clear_message(tmp_path, capsys, case):
+    argv = {
+        "missing": [str(tmp_path / "nope.jsonl")],
+        "empty": [str(tmp_path / "rex_decisions.jsonl")],
+        "no-log-dir": [str(tmp_path)],
+        "bad-json": [str(tmp_path / "x.json")],
+        "bad-alpha": [str(DATA), "--alpha", "2", "--out", str(tmp_path / "rep")],
+    }[case]
+    (tmp_path / "rex_decisions.jsonl").write_text("\n")
+    (tmp_path / "x.json").write_text("{not json")
+    if case == "no-log-dir":
+        (tmp_path / "rex_decisions.jsonl").unlink()
+    rc, stdout, err = run_report(argv, capsys)
+    expect = {
+        "missing": "no such file",
+        "empty": "holds no window records",
+        "no-log-dir": "no rex_decisions.jsonl",
+        "bad-json": "not JSON",
+        "bad-alpha": "--alpha",
+    }[case]
+    assert rc == 2 and stdout == "" and err.startswith("report: ") and expect in err
+
+
+def test_without_matplotlib_it_says_what_to_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rc, _, err = run_report([str(DATA), "--out", str(tmp_path)], capsys)
+    assert rc == 1 and "pip install lightning-rex[plot]" in err
+
+
+def test_many_ranks_and_a_changing_global_batch(tmp_path, capsys):
+    """300 ranks, then 320 with a larger batch: 16 lines over a band, every PNG drawn."""
+    recs = []
+    for i in range(12):
+        n = 300 if i < 6 else 320
+        plan = [8 + (r % 5) for r in range(n)]
+        recs.append(
+            {
+                "run_id": "big",
+                "step": 10 * (i + 1),
+                "window": [10 * i, 10 * (i + 1)],
+                "plan": plan,
+                "median_ms": [10.0 + r * 0.01 + i for r in range(n)],
+                "p_values": None,
+                "decision": "propose" if i == 5 else "hold",
+                "new_plan": [9] * 320 if i == 5 else None,
+                "effective_step": 60 if i == 5 else None,
+                "global_samples_per_s": 1000.0 + i,
+                "reason": "",
+            }
+        )
+    log = tmp_path / "rex_decisions.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rc, _, _ = run_report([str(log)], capsys)
+    assert rc == 0
+    check_pngs(tmp_path / "rex_report", WINDOW_PNGS)
+    w = plots.Windows.from_records(recs)
+    assert w.median_ms.shape == (12, 320) and w.changes == [(60, "propose")]
+    ranks = plots.pick_ranks(w.median_ms)
+    assert len(ranks) == plots.MAX_RANK_LINES and 0 in ranks and 319 in ranks
+
+
+def test_default_alpha_is_the_controllers():
+    src = Path(report.__file__).parents[1] / "core" / "controller.py"
+    tree = ast.parse(src.read_text())
+    init = next(
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef) and n.name == "__init__" and n.args.kwonlyargs
+        if any(a.arg == "alpha" for a in n.args.kwonlyargs)
+    )
+    i = [a.arg for a in init.args.kwonlyargs].index("alpha")
+    assert ast.literal_eval(init.args.kw_defaults[i]) == report.DEFAULT_ALPHA
+
+
+def simulate(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command", required=True)
+    sim_cli.add_parser(sub)
+    args = p.parse_args(["simulate", *argv])
+    rc = args.func(args)
+    return rc, capsys.readouterr().out
+
+
+def test_a_simulator_trace_gives_window_plots_and_the_comparison(tmp_path, capsys):
+    trace = tmp_path / "trace"
+    base = ["--compare", "rex,even", "--seeds", "0-1", "--steps", "240", "--trace", str(trace)]
+    assert simulate(["--scenario", "pair-3x", *base], capsys)[0] == 0
+    # a second scenario, as 'simulate --json' aggregates (no interval)
+    rc, out = simulate(
+        [
+            "--scenario",
+            "homogeneous-8",
+            "--compare",
+            "rex,even",
+            "--json",
+            "--seeds",
+            "0-1",
+            "--steps",
+            "120",
+        ],
+        capsys,
+    )
+    (tmp_path / "agg.json").write_text(out)
+    rc, _, _ = run_report(
+        [str(trace), str(tmp_path / "agg.json"), "--out", str(tmp_path / "rep")], capsys
+    )
+    assert rc == 0
+    check_pngs(tmp_path / "rep", [*WINDOW_PNGS, "comparison.png"])
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "pair-3x: rex, seed 0" in page and 'src="comparison.png"' in page
+    assert page.count("<td>pair-3x</td>") == 2 and page.count("<td>homogeneous-8</td>") == 2
+    # the even policy's run on seed 1, with its limit line
+    rc, _, _ = run_report(
+        [str(trace), "--policy", "even", "--seed", "1", "--out", str(tmp_path / "even")], capsys
+    )
+    assert rc == 0 and "pair-3x: even, seed 1" in (tmp_path / "even" / "index.html").read_text()
+    rc, _, err = run_report([str(trace), "--policy", "lbb"], capsys)
+    assert rc == 2 and "no trace of policy 'lbb'" in err
