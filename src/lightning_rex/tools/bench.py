@@ -28,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -258,11 +258,16 @@ def default_plan(slowdowns: Sequence[float], devices: int) -> list[int]:
     return list(round_fractions([s / total for s in speeds], PER_RANK_BATCH * devices))
 
 
-def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+def run_benchmark(
+    args: argparse.Namespace,
+    progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Run every strategy of ``args.compare`` ``args.repeat`` times, interleaved.
 
     Args:
         args: The parsed command line (see :func:`add_parser`).
+        progress: Called after every run with ``(runs done, runs in all, the run)``; by
+            default a line per run goes to stderr.
 
     Returns:
         ``{"runs": [...], "ratio_rex_over_ddp": float}`` (the ratio only when both ran), plus
@@ -278,6 +283,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         for name in order:
             res = _run_once(name, args, plan)
             runs.append({"strategy": name, "repeat": rep, **res})
+            if progress is not None:
+                progress(len(runs), args.repeat * len(args.compare), runs[-1])
+                continue
             _log(
                 f"{name:10s} repeat {rep}: {res['samples_per_s']:.1f} samples/s, "
                 f"median step {res['step_ms_median']:.1f} ms, plan {res['plan']}"
