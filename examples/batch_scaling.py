@@ -1,17 +1,24 @@
 """Global batch scaling on a real problem: time to a target validation loss, on and off.
 
-Digits (scikit-learn's 8x8 handwritten digits, shipped with the package: nothing is
-downloaded), a small MLP, 2 CPU ranks (gloo), rank 1 emulated 2x slower. Each run trains with
-``strategy="rex"`` from a global batch of 32, with and without
-``RexCallback(global_batch=GlobalBatchScaling(16, 512, lr_rule="adascale"))``, until the
-validation loss reaches the target (or ``--max-epochs``); runs alternate, ``--repeat`` times
-each::
+Two problems, both offline (nothing is downloaded), each a small MLP on 2 CPU ranks (gloo),
+rank 1 emulated 2x slower, ``strategy="rex"`` from a global batch of 32 (``--batch-size``
+per rank), SGD with momentum at a fixed learning rate:
 
-    python examples/batch_scaling.py [--target 0.12] [--max-epochs 40] [--repeat 3]
-        [--lr-rule adascale] [--max-global-batch 512]
+* ``teacher`` (default): 100,000 samples labelled by a fixed random MLP's softmax, so the
+  labels are noisy and the loss has a floor (about 1.41); 20 validations per epoch, 2 epochs.
+  Late in training the gradient noise dominates, which is where a larger batch pays.
+* ``digits``: scikit-learn's 8x8 digits (1,400 training images), validated once per epoch.
+
+Each repeat runs, in turn, scaling ``off`` (B fixed at 32), ``on``
+(``RexCallback(global_batch=GlobalBatchScaling(16, --max-global-batch, lr_rule=...))``)
+and, with ``--fixed-batch N``, a run at ``B = N`` from the start with the rate set by the same
+rule (the batch one would pick in hindsight)::
+
+    python examples/batch_scaling.py [--problem teacher] [--lr-rule sqrt] [--repeat 3]
+        [--target 1.53] [--max-epochs 2] [--stop-at-target] [--fixed-batch 512]
 
 It prints, per setting, the median wall time to the target, the final validation loss and
-accuracy, and the global batches the scaled runs moved through.
+accuracy after the same number of epochs (the same samples), and the global batches used.
 """
 
 from __future__ import annotations
@@ -32,9 +39,29 @@ from torch.utils.data import DataLoader, TensorDataset
 import lightning as L
 import lightning_rex
 from lightning_rex import GlobalBatchScaling, HeterogeneityEmulator, RexCallback
+from lightning_rex.core.noise_scale import lr_factor
 
 
-def datasets() -> tuple[TensorDataset, TensorDataset]:
+def teacher_datasets(
+    n_train: int = 100_000, n_val: int = 4_000
+) -> tuple[TensorDataset, TensorDataset]:
+    """A noisy teacher: labels drawn from a fixed random MLP's softmax (made here, offline).
+
+    The labels are noisy, so the validation loss has a floor (the teacher's own loss, about
+    1.41) and the gradient noise scale grows as the loss nears it; the train set is large
+    enough that a few epochs do not overfit it.
+    """
+    g = torch.Generator().manual_seed(0)
+    d, h, k = 32, 64, 10
+    w1 = torch.randn(d, h, generator=g) / d**0.5
+    w2 = torch.randn(h, k, generator=g) * 3 / h**0.5
+    x = torch.randn(n_train + n_val, d, generator=g)
+    logits = torch.tanh(x @ w1) @ w2
+    y = torch.multinomial(torch.softmax(logits, 1), 1, generator=g).squeeze(1)
+    return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
+
+
+def digits_datasets() -> tuple[TensorDataset, TensorDataset]:
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x / 16.0, dtype=torch.float32)
     y = torch.tensor(y, dtype=torch.long)
@@ -44,11 +71,19 @@ def datasets() -> tuple[TensorDataset, TensorDataset]:
     return TensorDataset(x[tr], y[tr]), TensorDataset(x[va], y[va])
 
 
-class Digits(L.LightningModule):
-    def __init__(self) -> None:
+# problem -> (datasets, input width, learning rate at B0, default target, validations per epoch)
+PROBLEMS = {
+    "teacher": (teacher_datasets, 32, 0.02, 1.53, 20),
+    "digits": (digits_datasets, 64, 0.05, 0.12, 1),
+}
+
+
+class Classifier(L.LightningModule):
+    def __init__(self, in_dim: int, lr: float) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+        self.lr = lr
+        self.net = nn.Sequential(nn.Linear(in_dim, 128), nn.ReLU(), nn.Linear(128, 10))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -61,25 +96,30 @@ class Digits(L.LightningModule):
         self.log("val_acc", (out.argmax(1) == y).float().mean(), sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
 
 class StopAtTarget(L.Callback):
     """Stop when the validation loss reaches the target; rank 0 writes what happened."""
 
-    def __init__(self, target: float, out: Path) -> None:
-        self.target, self.out = target, out
+    def __init__(self, target: float, out: Path, stop: bool) -> None:
+        self.target, self.out, self.stop = target, out, stop
         self.t0 = 0.0
         self.reached: float | None = None
+        self.curve: list[tuple[float, int, float]] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.t0 = time.perf_counter()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
         loss = float(trainer.callback_metrics.get("val_loss", float("inf")))
+        now = time.perf_counter() - self.t0
+        self.curve.append((round(now, 2), trainer.global_step, round(loss, 4)))
         if self.reached is None and loss <= self.target:
-            self.reached = time.perf_counter() - self.t0
-            trainer.should_stop = True
+            self.reached = now
+            trainer.should_stop = self.stop
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_rank != 0:
@@ -93,21 +133,30 @@ class StopAtTarget(L.Callback):
                     "val_loss": float(trainer.callback_metrics["val_loss"]),
                     "val_acc": float(trainer.callback_metrics["val_acc"]),
                     "steps": trainer.global_step,
-                    "batches": sorted({sum(p) for _, p in sampler.schedule}),
+                    "batches": [[step, sum(p)] for step, p in sampler.schedule],
+                    "curve": self.curve,
                 }
             )
         )
 
 
-def run(scaling: bool, target: float, max_epochs: int, rule: str, max_batch: int) -> dict[str, Any]:
+def run(name: str, a: argparse.Namespace) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="rex-scaling-")) / "result.json"
-    train, val = datasets()
-    cfg = GlobalBatchScaling(16, max_batch, lr_rule=rule) if scaling else None  # type: ignore[arg-type]
+    make, in_dim, lr, _, checks = PROBLEMS[a.problem]
+    scaling, per_rank = name == "on", a.batch_size
+    if name == "fixed":  # B fixed at --fixed-batch from the start, the rate by the same rule
+        per_rank = a.fixed_batch // 2
+        if a.lr_rule == "adascale":
+            raise SystemExit("--fixed-batch needs --lr-rule linear or sqrt (AdaScale adapts)")
+        lr *= lr_factor(a.lr_rule, 2 * per_rank, 2 * a.batch_size)
+    train, val = make()
+    cfg = GlobalBatchScaling(16, a.max_global_batch, lr_rule=a.lr_rule) if scaling else None
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
         strategy="rex_fork",
-        max_epochs=max_epochs,
+        max_epochs=a.max_epochs,
+        val_check_interval=1.0 / checks,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -116,32 +165,44 @@ def run(scaling: bool, target: float, max_epochs: int, rule: str, max_batch: int
         callbacks=[
             RexCallback(global_batch=cfg),
             HeterogeneityEmulator([1.0, 2.0]),
-            StopAtTarget(target, out),
+            StopAtTarget(a.target, out, a.stop_at_target),
         ],
     )
     trainer.fit(
-        Digits(),
-        DataLoader(train, batch_size=16, shuffle=True),
-        DataLoader(val, batch_size=200),
+        Classifier(in_dim, lr),
+        DataLoader(train, batch_size=per_rank, shuffle=True),
+        DataLoader(val, batch_size=1000),
     )
     return json.loads(out.read_text())
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", type=float, default=0.12)
-    p.add_argument("--max-epochs", type=int, default=40)
+    p.add_argument("--problem", default="teacher", choices=sorted(PROBLEMS))
+    p.add_argument("--target", type=float, default=None, help="default: the problem's")
+    p.add_argument("--max-epochs", type=int, default=None, help="default: teacher 2, digits 40")
+    p.add_argument("--batch-size", type=int, default=16, help="per rank at the start (B0 / 2)")
+    p.add_argument("--stop-at-target", action="store_true", help="stop a run at the target")
+    p.add_argument(
+        "--fixed-batch",
+        type=int,
+        default=None,
+        help="also run a fixed global batch from the start, its rate by --lr-rule (linear/sqrt)",
+    )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--lr-rule", default="adascale", choices=["linear", "sqrt", "adascale"])
     p.add_argument("--max-global-batch", type=int, default=512)
     a = p.parse_args()
     assert lightning_rex.__version__
-    res: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    if a.target is None:
+        a.target = PROBLEMS[a.problem][3]
+    if a.max_epochs is None:
+        a.max_epochs = 2 if a.problem == "teacher" else 40
+    names = ("off", "on") if a.fixed_batch is None else ("off", "on", "fixed")
+    res: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for _ in range(a.repeat):
-        for name in ("off", "on"):
-            res[name].append(
-                run(name == "on", a.target, a.max_epochs, a.lr_rule, a.max_global_batch)
-            )
+        for name in names:
+            res[name].append(run(name, a))
     for name, rs in res.items():
         reached = [r["seconds_to_target"] for r in rs if r["seconds_to_target"] is not None]
         med = statistics.median(reached) if reached else float("nan")
@@ -149,7 +210,7 @@ def main() -> None:
             f"scaling {name:3s}: {len(reached)}/{len(rs)} reached val_loss <= {a.target} in a "
             f"median {med:.1f} s; final val_loss {statistics.median(r['val_loss'] for r in rs):.4f}"
             f", val_acc {statistics.median(r['val_acc'] for r in rs):.4f}; global batches "
-            f"{sorted({b for r in rs for b in r['batches']})}"
+            f"{sorted({b for r in rs for _, b in r['batches']})}"
         )
     print(json.dumps(res))
 

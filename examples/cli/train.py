@@ -1,7 +1,18 @@
-"""A LightningCLI training script that works with ``--trainer.strategy=rex``.
+"""A LightningCLI training script: rex is configured from YAML or flags, the script is plain.
 
-python examples/train.py fit --config examples/config.yaml
-python examples/train.py fit --trainer.strategy=rex --trainer.devices=2 --trainer.accelerator=cpu
+The only rex-specific line is ``import lightning_rex``, which registers the short strategy
+names ("rex", "rex_spawn", "rex_fork"); class paths (``lightning_rex.RexStrategy``) work
+without it. Each config runs in a few seconds on two CPU cores::
+
+    # adaptive: strategy "rex", a RexCallback with its arguments, rank 1 emulated 3x slower
+    python examples/cli/train.py fit --config examples/cli/adaptive.yaml
+    # a fixed plan given as a class path with its arguments
+    python examples/cli/train.py fit --config examples/cli/static_plan.yaml
+    # flags instead of YAML
+    python examples/cli/train.py fit --trainer.strategy=rex --trainer.devices=2 \
+        --trainer.accelerator=cpu --trainer.max_epochs=1
+    # every argument of the callback, as LightningCLI sees it
+    python examples/cli/train.py fit --trainer.callbacks.help lightning_rex.RexCallback
 """
 
 import torch
