@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DistributedSampler
 
 from lightning_rex.core.plan import even_plan
+from lightning_rex.core.schedule import SizeBounds
 from lightning_rex.data.sampler import UnevenBatchSampler
 
 
@@ -145,6 +146,19 @@ def test_final_batch_smaller_than_world_is_dropped() -> None:
     assert len(s[0]) == 2  # 3 leftover samples < 4 ranks
     s = _ranks(64 * 2 + 4, 16, 4, 1, False, 0)
     assert len(s[0]) == 3 and s[0].sizes_for_batch(2) == (1, 1, 1, 1)
+
+
+def test_final_batch_gives_every_rank_the_minimum_size() -> None:
+    # BatchNorm's default bound is 2: a final batch of [4, 1] would fail in training mode
+    def sampler(n: int, rank: int) -> UnevenBatchSampler:
+        return UnevenBatchSampler(n, 16, (12, 4), rank, bounds=SizeBounds(2))
+
+    assert len(sampler(69, 0)) == 5 and sampler(69, 0).sizes_for_batch(4) == (3, 2)
+    batches = [list(sampler(69, r)) for r in range(2)]
+    assert [len(b) for b in batches[1]] == [4, 4, 4, 4, 2]
+    assert sorted(i for rank in batches for b in rank for i in b) == list(range(69))
+    assert len(sampler(67, 0)) == 4  # 3 left over < 2 ranks x 2: dropped, as too few for ranks
+    assert min(len(b) for r in range(2) for b in sampler(67, r)) >= 2
 
 
 def test_final_batch_split_in_proportion() -> None:

@@ -90,25 +90,28 @@ def round_fractions(fractions: Sequence[float], total: int, minimum: int = 1) ->
     return tuple(minimum + f for f in floors)
 
 
-def split_in_proportion(count: int, plan: Sequence[int]) -> Plan:
+def split_in_proportion(count: int, plan: Sequence[int], minimum: int = 1) -> Plan:
     """Split a shorter final global batch of ``count`` samples in proportion to ``plan``.
 
-    Every rank gets at least one sample, so ``count`` must be at least ``len(plan)``.
+    Every rank gets at least ``minimum`` samples (the plan's ``min_micro_batch_size``: a
+    BatchNorm layer cannot train on one sample), so ``count`` must be at least
+    ``minimum x len(plan)``.
 
     Args:
         count: The number of samples in the final partial global batch.
         plan: The plan in force for that batch.
+        minimum: The fewest samples any rank gets.
 
     Returns:
         A plan summing to ``count``.
 
     Raises:
-        ValueError: If ``count < len(plan)``.
+        ValueError: If ``count < minimum x len(plan)``.
     """
     total = sum(plan)
     if count == total:
         return tuple(int(b) for b in plan)
-    return round_fractions([b / total for b in plan], count, minimum=1)
+    return round_fractions([b / total for b in plan], count, minimum=minimum)
 
 
 def validate_plan(

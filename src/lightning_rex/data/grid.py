@@ -25,6 +25,7 @@ def batch_grid(
     accumulate: int,
     world_size: int = 1,
     drop_last: bool = False,
+    min_size: int = 1,
 ) -> Grid:
     """An epoch's batch grid: where each run of batches of one global batch starts.
 
@@ -35,8 +36,10 @@ def batch_grid(
             except in an epoch resumed on another world size).
         epoch_start_step: The step of the epoch's first batch.
         accumulate: Batches per step.
-        world_size: The number of ranks (a final partial batch needs a sample for each).
+        world_size: The number of ranks (a final partial batch needs ``min_size`` samples
+            for each).
         drop_last: Whether the final partial batch is dropped.
+        min_size: The fewest samples a rank may get (``min_micro_batch_size``).
 
     Returns:
         Segments in batch order; a schedule entry that changes the global batch at a batch
@@ -52,7 +55,7 @@ def batch_grid(
             continue
         # a change at or past the epoch's last batch belongs to the next epoch (with
         # drop_last the samples left over are not "the rest of the epoch")
-        if k >= grid_length([(fb, fs, gb)], num_samples, world_size, drop_last):
+        if k >= grid_length([(fb, fs, gb)], num_samples, world_size, drop_last, min_size):
             break
         grid.append((k, fs + (k - fb) * gb, b))
     return grid
@@ -75,18 +78,23 @@ def grid_first_sample(grid: Grid, index: int) -> int:
     return fs + (index - fb) * gb
 
 
-def grid_length(grid: Grid, num_samples: int, world_size: int, drop_last: bool) -> int:
-    """Batches in an epoch on a grid (a final partial batch needs a sample for every rank).
+def grid_length(
+    grid: Grid, num_samples: int, world_size: int, drop_last: bool, min_size: int = 1
+) -> int:
+    """Batches in an epoch on a grid.
+
+    A final partial batch is kept only if it holds ``min_size`` samples for every rank.
 
     Args:
         grid: The epoch's grid.
         num_samples: The epoch's samples.
         world_size: The number of ranks.
         drop_last: Drop the final partial batch.
+        min_size: The fewest samples a rank may get (``min_micro_batch_size``).
 
     Returns:
         The number of batches.
     """
     fb, fs, gb = grid[-1]
     full, rem = divmod(max(0, num_samples - fs), gb)
-    return fb + full + (1 if (rem >= world_size and not drop_last) else 0)
+    return fb + full + (1 if (rem >= world_size * min_size and not drop_last) else 0)

@@ -181,12 +181,15 @@ class UnevenBatchSampler(Sampler[list[int]]):
             self.accumulate_grad_batches,
             self.world_size,
             self.drop_last,
+            self.bounds.min_size,
         )
 
     def __len__(self) -> int:
         if self._finished is not None and self._finished[0] == self.epoch:
             return self._finished[1]
-        return grid_length(self._grid(), self.num_samples, self.world_size, self.drop_last)
+        return grid_length(
+            self._grid(), self.num_samples, self.world_size, self.drop_last, self.bounds.min_size
+        )
 
     # ------------------------------------------------------------------ plan schedule
     @property
@@ -290,7 +293,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         remaining = self.num_samples - self._first_sample(index)
         if remaining >= sum(plan):
             return plan
-        return split_in_proportion(remaining, plan)
+        return split_in_proportion(remaining, plan, self.bounds.min_size)
 
     def _first_sample(self, index: int) -> int:
         return grid_first_sample(self._grid(), index)
@@ -391,10 +394,11 @@ class UnevenBatchSampler(Sampler[list[int]]):
         if os_ > n:
             raise StateError(f"{name}.origin", f"starts at sample {os_}, past the epoch's {n}")
         start = whole(field(state, "epoch_start_step", name), f"{name}.epoch_start_step", 0)
+        least = self.bounds.min_size
         grid = batch_grid(
-            saved, n, (ob, os_), start, self.accumulate_grad_batches, world, self.drop_last
+            saved, n, (ob, os_), start, self.accumulate_grad_batches, world, self.drop_last, least
         )
-        length = grid_length(grid, n, world, self.drop_last)
+        length = grid_length(grid, n, world, self.drop_last, least)
         consumed = whole(field(state, "consumed", name), f"{name}.consumed", ob, length)
         done = whole(field(state, "consumed_samples", name), f"{name}.consumed_samples", 0, n)
         expect = n if consumed >= length else min(n, grid_first_sample(grid, consumed))
