@@ -1,8 +1,9 @@
 """A LightningCLI training script: rex is configured from YAML or flags, the script is plain.
 
 The only rex-specific line is ``import lightning_rex``, which registers the short strategy
-names ("rex", "rex_spawn", "rex_fork"); class paths (``lightning_rex.RexStrategy``) work
-without it. Each config runs in a few seconds on two CPU cores::
+names ("rex", "rex_spawn", "rex_fork"); a class path with arguments
+(``class_path: lightning_rex.RexStrategy`` and ``init_args`` in YAML) works without it.
+Each config runs in a few seconds on two CPU cores::
 
     # adaptive: strategy "rex", a RexCallback with its arguments, rank 1 emulated 3x slower
     python examples/cli/train.py fit --config examples/cli/adaptive.yaml

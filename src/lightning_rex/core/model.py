@@ -6,8 +6,8 @@ Every rank's compute time for micro-batch ``b`` is modelled as
 
 where ``k_spline`` is :class:`~lightning_rex.core.kernels.SplineKernel` on a log scale over
 the sizes a rank can plausibly get, ``[b_ref / 16, 16 b_ref]`` clipped to ``[1, b_max]``
-(``b_ref = B / N``): knots a constant ratio apart (1.4x with 16 basis functions), so a knee
-at 24 samples and a memory wall at 250 are both resolved whatever ``B``. (Over
+(``b_ref = B / N``): knots a constant ratio apart (1.53x with 16 cubic basis functions), so
+a knee at 24 samples and a memory wall at 250 are both resolved whatever ``B``. (Over
 ``[0, B - N + 1]`` at 64 ranks the knots were 576 samples apart and every size in play sat
 in the first interval.) Beyond the domain the spline is flat and the affine part
 extrapolates. Compute time is

@@ -94,9 +94,11 @@ class RexStrategy(DDPStrategy):
     """Distributed data parallel with per-rank micro-batch sizes and exact gradient weighting.
 
     Registered with Lightning as ``"rex"`` (``start_method="popen"``), ``"rex_spawn"`` and
-    ``"rex_fork"`` on ``import lightning_rex``. The class path ``lightning_rex.RexStrategy``
-    works from LightningCLI without that import. It takes :class:`DDPStrategy`'s arguments
-    unchanged, positional ones included; its own are keyword-only.
+    ``"rex_fork"`` on ``import lightning_rex``. From LightningCLI the class path
+    ``lightning_rex.RexStrategy`` works without that import when it comes with arguments
+    (YAML ``class_path`` and ``init_args``, or ``--trainer.strategy.<arg>=...``). It takes
+    :class:`DDPStrategy`'s arguments unchanged, positional ones included; its own are
+    keyword-only.
 
     Args:
         *args: :class:`~lightning.pytorch.strategies.DDPStrategy`'s positional arguments
