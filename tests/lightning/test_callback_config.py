@@ -120,7 +120,7 @@ def test_callback_help_documents_every_argument() -> None:
     out = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "examples" / "train.py"),
+            str(ROOT / "examples" / "cli" / "train.py"),
             "fit",
             "--trainer.callbacks.help",
             "lightning_rex.RexCallback",

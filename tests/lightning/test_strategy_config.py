@@ -17,7 +17,7 @@ import lightning as L
 import lightning_rex
 from lightning_rex import RexStrategy
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "cli"
 
 
 @pytest.mark.parametrize(
@@ -212,9 +212,29 @@ def test_example_config_parses() -> None:
         mod.ToyModel,
         mod.ToyData,
         run=False,
-        args=[f"--config={EXAMPLES / 'config.yaml'}"],
+        args=[f"--config={EXAMPLES / 'static_plan.yaml'}"],
         save_config_callback=None,
     )
     assert cli.trainer.strategy.micro_batch_sizes == (48, 16)
     assert any(isinstance(c, lightning_rex.HeterogeneityEmulator) for c in cli.trainer.callbacks)
     assert torch.is_tensor(next(iter(cli.datamodule.train_dataloader()))[0])
+
+
+def test_adaptive_example_config_parses() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rex_example_train2", EXAMPLES / "train.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cli = LightningCLI(
+        mod.ToyModel,
+        mod.ToyData,
+        run=False,
+        args=[f"--config={EXAMPLES / 'adaptive.yaml'}"],
+        save_config_callback=None,
+    )
+    assert isinstance(cli.trainer.strategy, lightning_rex.RexStrategy)
+    assert cli.trainer.strategy.adaptive
+    rex = [c for c in cli.trainer.callbacks if isinstance(c, lightning_rex.RexCallback)]
+    assert len(rex) == 1 and rex[0].alpha == 0.01 and rex[0].window == 30
