@@ -190,7 +190,7 @@ def main() -> None:
         help="also run a fixed global batch from the start, its rate by --lr-rule (linear/sqrt)",
     )
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--lr-rule", default="adascale", choices=["linear", "sqrt", "adascale"])
+    p.add_argument("--lr-rule", default="sqrt", choices=["linear", "sqrt", "adascale"])
     p.add_argument("--max-global-batch", type=int, default=512)
     a = p.parse_args()
     assert lightning_rex.__version__
