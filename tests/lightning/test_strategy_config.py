@@ -201,39 +201,31 @@ def test_cli_yaml_config_and_a_working_fit(tmp_path: Path) -> None:
     assert cli.trainer.global_step == 3 and cli.trainer.strategy.plan == (16,)
 
 
-def test_example_config_parses() -> None:
+def _example_cli(config: str) -> LightningCLI:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("rex_example_train", EXAMPLES / "train.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    cli = LightningCLI(
+    return LightningCLI(
         mod.ToyModel,
         mod.ToyData,
         run=False,
-        args=[f"--config={EXAMPLES / 'static_plan.yaml'}"],
+        args=[f"--config={EXAMPLES / config}"],
         save_config_callback=None,
     )
+
+
+def test_example_config_parses() -> None:
+    cli = _example_cli("static_plan.yaml")
     assert cli.trainer.strategy.micro_batch_sizes == (48, 16)
     assert any(isinstance(c, lightning_rex.HeterogeneityEmulator) for c in cli.trainer.callbacks)
     assert torch.is_tensor(next(iter(cli.datamodule.train_dataloader()))[0])
 
 
 def test_adaptive_example_config_parses() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("rex_example_train2", EXAMPLES / "train.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cli = LightningCLI(
-        mod.ToyModel,
-        mod.ToyData,
-        run=False,
-        args=[f"--config={EXAMPLES / 'adaptive.yaml'}"],
-        save_config_callback=None,
-    )
+    cli = _example_cli("adaptive.yaml")
     assert isinstance(cli.trainer.strategy, lightning_rex.RexStrategy)
     assert cli.trainer.strategy.adaptive
     rex = [c for c in cli.trainer.callbacks if isinstance(c, lightning_rex.RexCallback)]
