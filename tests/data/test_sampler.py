@@ -161,6 +161,19 @@ def test_final_batch_gives_every_rank_the_minimum_size() -> None:
     assert min(len(b) for r in range(2) for b in sampler(67, r)) >= 2
 
 
+def test_a_checkpoint_from_before_the_minimum_still_loads() -> None:
+    # saved before states carried min_size: its final batch of 3 was cut [2, 1] (5 batches)
+    old = UnevenBatchSampler(67, 16, (12, 4), 0)
+    assert len(old) == 5
+    state = old.state_dict(5)
+    del state["min_size"]
+    new = UnevenBatchSampler(67, 16, (12, 4), 0, bounds=SizeBounds(2))
+    assert len(new) == 4  # the live run drops a final batch too small for 2 x 2
+    assert new.check_state(state)["finished"]
+    new.load_state_dict(state)
+    assert new.state_dict(5)["min_size"] == 2
+
+
 def test_final_batch_split_in_proportion() -> None:
     s = UnevenBatchSampler(64 + 20, 64, (48, 16), 0)
     assert s.sizes_for_batch(1) == (15, 5)

@@ -354,6 +354,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
             "global_batch": self.global_batch,
             "world_size": self.world_size,
             "num_samples": self.num_samples,
+            "min_size": self.bounds.min_size,
         }
 
     def check_state(self, state: Any, name: str = "rex_sampler") -> dict[str, Any]:
@@ -394,7 +395,8 @@ class UnevenBatchSampler(Sampler[list[int]]):
         if os_ > n:
             raise StateError(f"{name}.origin", f"starts at sample {os_}, past the epoch's {n}")
         start = whole(field(state, "epoch_start_step", name), f"{name}.epoch_start_step", 0)
-        least = self.bounds.min_size
+        # the saved run's smallest micro-batch cut its final batch (1 before it was saved)
+        least = whole(state.get("min_size", 1), f"{name}.min_size", 1)
         grid = batch_grid(
             saved, n, (ob, os_), start, self.accumulate_grad_batches, world, self.drop_last, least
         )
