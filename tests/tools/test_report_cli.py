@@ -206,5 +206,55 @@ def test_a_simulator_trace_gives_window_plots_and_the_comparison(tmp_path, capsy
         [str(trace), "--policy", "even", "--seed", "1", "--out", str(tmp_path / "even")], capsys
     )
     assert rc == 0 and "pair-3x: even, seed 1" in (tmp_path / "even" / "index.html").read_text()
-    rc, _, err = run_report([str(trace), "--policy", "lbb"], capsys)
-    assert rc == 2 and "no trace of policy 'lbb'" in err
+    # a policy that was not traced is a note on the page; the comparison is still drawn
+    rc, _, _ = run_report([str(trace), "--policy", "lbb", "--out", str(tmp_path / "lbb")], capsys)
+    page = (tmp_path / "lbb" / "index.html").read_text()
+    assert rc == 0 and "no trace of policy &#x27;lbb&#x27;" in page and "comparison.png" in page
+
+
+def test_a_trace_without_rex_draws_its_first_policy(tmp_path, capsys):
+    trace = tmp_path / "trace"
+    base = ["--compare", "even", "--seeds", "0-1", "--steps", "120", "--trace", str(trace)]
+    assert simulate(["--scenario", "pair-3x", *base], capsys)[0] == 0
+    rc, _, _ = run_report([str(trace), "--out", str(tmp_path / "rep")], capsys)
+    assert rc == 0 and "pair-3x: even, seed 0" in (tmp_path / "rep" / "index.html").read_text()
+
+
+def test_a_broken_summary_is_not_overwritten(tmp_path, capsys):
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    (trace / "summary.json").write_text("{not json")
+    base = ["--compare", "even", "--seeds", "0-1", "--steps", "60", "--trace", str(trace)]
+    rc, _ = simulate(["--scenario", "pair-3x", *base], capsys)
+    assert rc == 2 and (trace / "summary.json").read_text() == "{not json"
+
+
+def test_the_alpha_line_follows_the_records_and_resumed_windows_count_once(
+    tmp_path, capsys, monkeypatch
+):
+    recs = records()
+    for r in recs:
+        r["alpha"] = 0.05
+    first, resumed = tmp_path / "run" / "version_0", tmp_path / "run" / "version_1"
+    first.mkdir(parents=True)
+    resumed.mkdir()
+    half = len(recs) // 2
+    # the interrupted run wrote a few windows past its checkpoint; the resumed run repeats them
+    (first / "rex_decisions.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in recs[: half + 3])
+    )
+    (resumed / "rex_decisions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[half:]))
+    rep = report.load_inputs(
+        [str(tmp_path / "run")], argparse.Namespace(run_id=None, seed=None, policy=None)
+    )
+    ((_, _, got),) = rep.runs
+    assert [r["window"] for r in got] == [r["window"] for r in recs]
+    seen = []
+    real = plots.plot_pvalues
+    monkeypatch.setattr(
+        plots,
+        "plot_pvalues",
+        lambda w, path, alpha, title="": seen.append(alpha) or real(w, path, alpha, title),
+    )
+    rc, _, _ = run_report([str(tmp_path / "run"), "--out", str(tmp_path / "rep")], capsys)
+    assert rc == 0 and seen == [0.05]

@@ -81,6 +81,7 @@ def build_record(
         "plan": list(window.plan),
         "median_ms": (1000.0 * med).tolist(),
         "p_values": sig.get("p_values"),
+        "alpha": sig.get("alpha"),
         "verdict": "imbalanced" if sig.get("imbalanced") else "balanced",
         "decision": kind,
         "validated": bool(decision.validated),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["add_parser", "main"]
@@ -136,7 +137,13 @@ def main(args: argparse.Namespace) -> int:
     from lightning_rex.sim.report import aggregate, paired_ratio
     from lightning_rex.sim.scenario import ScenarioError
     from lightning_rex.sim.schema import load_scenario
-    from lightning_rex.sim.trace import run_traced, trace_path, write_records, write_summary
+    from lightning_rex.sim.trace import (
+        read_summary,
+        run_traced,
+        trace_path,
+        write_records,
+        write_summary,
+    )
 
     try:
         scen = load_scenario(args.scenario)
@@ -159,6 +166,13 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
+    if args.trace is not None:
+        try:  # before any run: a trace that cannot be written should not cost a simulation
+            Path(args.trace).mkdir(parents=True, exist_ok=True)
+            read_summary(args.trace)
+        except (OSError, ValueError) as e:
+            print(f"simulate: cannot write the trace to {args.trace}: {e}", file=sys.stderr)
+            return 2
 
     def one(n: str, seed: int, oracle: Any) -> dict[str, Any]:
         if args.trace is None:

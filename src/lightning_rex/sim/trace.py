@@ -20,6 +20,7 @@ mean of the per-seed efficiencies and its 95% Student-t interval, from
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,14 @@ from lightning_rex.sim.policies import OraclePolicy, make_policy
 from lightning_rex.sim.report import aggregate, paired_ratio
 from lightning_rex.sim.scenario import Scenario
 
-__all__ = ["run_traced", "trace_path", "window_limits", "write_records", "write_summary"]
+__all__ = [
+    "read_summary",
+    "run_traced",
+    "trace_path",
+    "window_limits",
+    "write_records",
+    "write_summary",
+]
 
 
 def run_traced(
@@ -121,6 +129,31 @@ def write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
             fh.write(json.dumps(r) + "\n")
 
 
+def read_summary(directory: str | Path) -> dict[str, Any]:
+    """The trace summary in ``directory``, to merge a new scenario into.
+
+    Args:
+        directory: The trace directory.
+
+    Returns:
+        Its ``summary.json``, or an empty one (``{"scenarios": {}}``) when there is none.
+
+    Raises:
+        ValueError: If a ``summary.json`` is there but is not a trace summary (it is not
+            overwritten: it may hold other scenarios' figures).
+    """
+    path = Path(directory) / "summary.json"
+    if not path.exists():
+        return {"scenarios": {}}
+    try:
+        old = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} exists but is not a trace summary ({e})") from None
+    if not (isinstance(old, dict) and isinstance(old.get("scenarios"), dict)):
+        raise ValueError(f"{path} exists but is not a trace summary")
+    return old
+
+
 def write_summary(
     directory: str | Path,
     scenario: Scenario,
@@ -137,6 +170,9 @@ def write_summary(
 
     Returns:
         The path of ``directory/summary.json``.
+
+    Raises:
+        ValueError: If the directory holds a ``summary.json`` that is not a trace summary.
     """
     root = Path(directory)
     policies: dict[str, Any] = {}
@@ -162,14 +198,9 @@ def write_summary(
     (root / _safe(scenario.name)).mkdir(parents=True, exist_ok=True)
     (root / _safe(scenario.name) / "summary.json").write_text(json.dumps(summary, indent=1))
     path = root / "summary.json"
-    merged: dict[str, Any] = {"scenarios": {}}
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-            if isinstance(old, dict) and isinstance(old.get("scenarios"), dict):
-                merged = old
-        except json.JSONDecodeError:
-            pass  # a broken summary is replaced
+    merged = read_summary(root)
     merged["scenarios"][scenario.name] = summary
-    path.write_text(json.dumps(merged, indent=1))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(merged, indent=1))
+    os.replace(tmp, path)  # readers see the old summary or the new one, never half of one
     return path

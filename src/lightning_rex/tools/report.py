@@ -28,9 +28,11 @@ import argparse
 import html
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = ["DEFAULT_ALPHA", "Report", "ReportError", "add_parser", "load_inputs", "main"]
@@ -99,7 +101,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help=f"significance level to draw (default: the records' own, else {DEFAULT_ALPHA})",
     )
-    p.add_argument("--policy", default="rex", help="trace directories: the policy to draw")
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="trace directories: the policy to draw (default: rex if traced, else the first)",
+    )
     p.add_argument("--seed", type=int, default=None, help="trace directories: the seed to draw")
     p.set_defaults(func=main)
     return p
@@ -130,7 +136,10 @@ def _pick_run(
     run_id = last if run_id is None else run_id
     if run_id not in runs:
         raise ReportError(f"run id {run_id!r} is not in {where}; its runs: {', '.join(runs)}")
-    return run_id, runs[run_id][0], runs[run_id][1]
+    # a resumed run writes to a new log and repeats the windows after its last checkpoint:
+    # keep one record per window, the latest written, in step order
+    by_window = {tuple(r["window"]): r for r in runs[run_id][1]}
+    return run_id, runs[run_id][0], sorted(by_window.values(), key=lambda r: r["window"][0])
 
 
 def _comparison_from_json(d: dict[str, Any], path: Path, out: Report) -> None:
@@ -159,14 +168,17 @@ def _trace(root: Path, args: argparse.Namespace, out: Report) -> None:
                 rows[pol] = (float(d["eff_gmean"]), lo, hi)
         out.comparison.setdefault(name, {}).update(rows)
         seed = s["seeds"][0] if args.seed is None else args.seed
-        log = root / s.get("trace_dir", name) / args.policy / f"seed{seed}.jsonl"
+        traced = [n for n in s["policies"] if n != "oracle"]
+        policy = args.policy or ("rex" if "rex" in traced else (traced or ["rex"])[0])
+        log = root / s.get("trace_dir", name) / policy / f"seed{seed}.jsonl"
         if not log.exists():
-            raise ReportError(f"{log}: no trace of policy {args.policy!r}, seed {seed}")
+            out.notes.append(f"{name}: no trace of policy {policy!r}, seed {seed} ({log}).")
+            continue
         records = _read_log(log)
         if records:
-            out.runs.append((f"{name}: {args.policy}, seed {seed}", log, records))
+            out.runs.append((f"{name}: {policy}, seed {seed}", log, records))
         else:  # e.g. LBB: it changes the plan every step, so no window completes
-            out.notes.append(f"{name}: {args.policy} wrote no window records ({log}).")
+            out.notes.append(f"{name}: {policy} wrote no window records ({log}).")
     out.notes.append(
         "Efficiency: throughput over the oracle's on the same seed; the point is the geometric"
         " mean over seeds, the bar its 95% Student-t interval (none for one seed)."
@@ -188,28 +200,35 @@ def load_inputs(paths: Sequence[str], args: argparse.Namespace) -> Report:
     """
     out = Report()
     for spec in paths:
-        p = Path(spec)
-        if not p.exists():
-            raise ReportError(f"{p}: no such file or directory")
-        if p.is_dir() and (p / "summary.json").exists():
-            _trace(p, args, out)
-        elif p.is_dir():
-            files = sorted(p.rglob(LOG_NAME), key=lambda f: (f.stat().st_mtime, str(f)))
-            if not files:
-                raise ReportError(f"{p}: no {LOG_NAME} or summary.json below it")
-            out.runs.append(_pick_run([(f, _read_log(f)) for f in files], args.run_id, p))
-        elif p.suffix == ".json":
-            try:
-                d = json.loads(p.read_text())
-            except json.JSONDecodeError as e:
-                raise ReportError(f"{p}: not JSON ({e})") from None
-            if isinstance(d, dict) and "scenarios" in d:
-                _trace(p.parent, args, out)
-            else:
-                _comparison_from_json(d if isinstance(d, dict) else {}, p, out)
-        else:
-            out.runs.append(_pick_run([(p, _read_log(p))], args.run_id, p))
+        try:
+            _load_one(Path(spec), args, out)
+        except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError) as e:
+            raise ReportError(f"{spec}: not a decision log, trace or simulator JSON ({e!r})") from e
     return out
+
+
+def _load_one(p: Path, args: argparse.Namespace, out: Report) -> None:
+    """Read one input into ``out`` (see :func:`load_inputs`)."""
+    if not p.exists():
+        raise ReportError(f"{p}: no such file or directory")
+    if p.is_dir() and (p / "summary.json").exists():
+        _trace(p, args, out)
+    elif p.is_dir():
+        files = sorted(p.rglob(LOG_NAME), key=lambda f: (f.stat().st_mtime, str(f)))
+        if not files:
+            raise ReportError(f"{p}: no {LOG_NAME} or summary.json below it")
+        out.runs.append(_pick_run([(f, _read_log(f)) for f in files], args.run_id, p))
+    elif p.suffix == ".json":
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ReportError(f"{p}: not JSON ({e})") from None
+        if isinstance(d, dict) and "scenarios" in d:
+            _trace(p.parent, args, out)
+        else:
+            _comparison_from_json(d if isinstance(d, dict) else {}, p, out)
+    else:
+        out.runs.append(_pick_run([(p, _read_log(p))], args.run_id, p))
 
 
 def _fmt_plan(plan: Sequence[int] | None) -> str:
@@ -331,6 +350,21 @@ def main(args: argparse.Namespace) -> int:
     if args.alpha is not None and not 0.0 < args.alpha < 1.0:
         print(f"report: --alpha must be in (0, 1), got {args.alpha}", file=sys.stderr)
         return 2
+    try:
+        written = _write(report, args, plots)
+    except OSError as err:
+        print(f"report: cannot write the report: {err}", file=sys.stderr)
+        return 2
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        print(f"report: a record lacks what the plots need ({err!r})", file=sys.stderr)
+        return 2
+    for p in written:
+        print(p)
+    return 0
+
+
+def _write(report: Report, args: argparse.Namespace, plots: ModuleType) -> list[Path]:
+    """Draw every plot and the page; return the files written."""
     first = Path(args.inputs[0])
     out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "rex_report"
     out.mkdir(parents=True, exist_ok=True)
@@ -339,8 +373,8 @@ def main(args: argparse.Namespace) -> int:
     used: set[str] = set()
     for label, source, records in report.runs:
         w = plots.Windows.from_records(records)
-        alpha = args.alpha or next((float(r["alpha"]) for r in records if r.get("alpha")), None)
-        alpha = alpha or DEFAULT_ALPHA
+        levels = Counter(float(r["alpha"]) for r in records if r.get("alpha"))
+        alpha = args.alpha or (levels.most_common(1)[0][0] if levels else DEFAULT_ALPHA)
         # one run: compute.png, ...; several: <scenario or run id>_compute.png, ...
         prefix = "" if len(report.runs) == 1 else _slug(label.split(":")[0]) + "_"
         while prefix in used:
@@ -362,6 +396,4 @@ def main(args: argparse.Namespace) -> int:
     page = out / "index.html"
     page.write_text(_page(report, sections, comparison))
     written.append(page)
-    for p in written:
-        print(p)
-    return 0
+    return written
