@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -150,7 +151,8 @@ def run(name: str, a: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit("--fixed-batch needs --lr-rule linear or sqrt (AdaScale adapts)")
         lr *= lr_factor(a.lr_rule, 2 * per_rank, 2 * a.batch_size)
     train, val = make()
-    cfg = GlobalBatchScaling(16, a.max_global_batch, lr_rule=a.lr_rule) if scaling else None
+    low = min(16, 2 * a.batch_size)  # the range must hold B0 = 2 x --batch-size
+    cfg = GlobalBatchScaling(low, a.max_global_batch, lr_rule=a.lr_rule) if scaling else None
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
@@ -173,7 +175,9 @@ def run(name: str, a: argparse.Namespace) -> dict[str, Any]:
         DataLoader(train, batch_size=per_rank, shuffle=True),
         DataLoader(val, batch_size=1000),
     )
-    return json.loads(out.read_text())
+    result = json.loads(out.read_text())
+    shutil.rmtree(out.parent, ignore_errors=True)
+    return dict(result)
 
 
 def main() -> None:

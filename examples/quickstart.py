@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="interleaved runs of each (default 3)")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     a = p.parse_args(argv)
+    if a.steps <= 60:
+        p.error("--steps must be above 60: 30 warm-up steps are not timed, and rex needs windows")
     quiet()
     parser = argparse.ArgumentParser()
     bench.add_parser(parser.add_subparsers())
