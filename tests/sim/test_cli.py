@@ -1,19 +1,11 @@
-import argparse
 import json
 
 import pytest
-
-from lightning_rex.sim import cli
+from tests.helpers.cli import run_command
 
 
 def run_cli(argv, capsys):
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="command", required=True)
-    cli.add_parser(sub)
-    args = p.parse_args(["simulate", *argv])
-    rc = args.func(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return run_command(["simulate", *argv], capsys)
 
 
 def test_json_is_exactly_one_object_with_the_schema(capsys):

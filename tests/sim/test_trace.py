@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
+from tests.helpers.cli import run_command
 
 from lightning_rex.driver.records import DecisionLog
-from lightning_rex.sim import cli
 from lightning_rex.sim.trace import window_limits
 
 
 def simulate(argv, capsys):
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="command", required=True)
-    cli.add_parser(sub)
-    args = p.parse_args(["simulate", *argv])
-    rc = args.func(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return run_command(["simulate", *argv], capsys)
 
 
 def test_trace_writes_records_and_a_summary_that_agrees_with_json(tmp_path, capsys):

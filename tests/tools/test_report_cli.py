@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.helpers.cli import run_command
 
-from lightning_rex.sim import cli as sim_cli
 from lightning_rex.tools import plots, report
 
 DATA = Path(__file__).with_name("data") / "rex_decisions.jsonl"
@@ -25,13 +25,7 @@ SIZE = (round(plots.FIGSIZE[0] * plots.DPI), round(plots.FIGSIZE[1] * plots.DPI)
 
 
 def run_report(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="command", required=True)
-    report.add_parser(sub)
-    args = p.parse_args(["report", *argv])
-    rc = args.func(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return run_command(["report", *argv], capsys)
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -165,12 +159,7 @@ def test_default_alpha_is_the_controllers():
 
 
 def simulate(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="command", required=True)
-    sim_cli.add_parser(sub)
-    args = p.parse_args(["simulate", *argv])
-    rc = args.func(args)
-    return rc, capsys.readouterr().out
+    return run_command(["simulate", *argv], capsys)[:2]
 
 
 def test_a_simulator_trace_gives_window_plots_and_the_comparison(tmp_path, capsys):
