@@ -13,11 +13,8 @@ from lightning_rex.sim import cli
 from lightning_rex.sim.engine import (
     LoopRun,
     PolicyDecider,
-    SimResult,
     Trace,
     default_loop,
-    metrics,
-    run,
     run_loop,
     simulate,
 )
@@ -36,6 +33,7 @@ from lightning_rex.sim.policies import (
 from lightning_rex.sim.presets import PRESETS
 from lightning_rex.sim.scenario import Scenario, ScenarioError
 from lightning_rex.sim.schema import load_scenario, scenario_from_dict
+from lightning_rex.sim.scoring import SimResult, metrics, run, scored_run
 
 __all__ = [
     "PRESETS",
@@ -62,5 +60,6 @@ __all__ = [
     "run",
     "run_loop",
     "scenario_from_dict",
+    "scored_run",
     "simulate",
 ]

@@ -11,7 +11,7 @@ Comparison (the oracle always runs too, since efficiency needs it)::
 
 With ``--json`` stdout holds exactly one JSON object,
 ``{"scenario", "seed", "policies": {name: {metrics}}}`` (see
-:class:`lightning_rex.sim.engine.SimResult`). ``--seeds 0-19`` runs a fixed seed set and
+:class:`lightning_rex.sim.scoring.SimResult`). ``--seeds 0-19`` runs a fixed seed set and
 prints aggregates instead (mean/min efficiency over the whole run and at steady state,
 false rescales per 10,000 steps, the share of events acted on within 3 windows, decision
 latency); ``--cv`` / ``--ar1`` / ``--steps`` override the scenario, and ``--warmup`` /
@@ -132,11 +132,12 @@ def main(args: argparse.Namespace) -> int:
         The exit code: 0, or 2 for a bad scenario.
     """
     from lightning_rex.driver.loop import LoopConfig
-    from lightning_rex.sim.engine import default_loop, run, simulate
+    from lightning_rex.sim.engine import default_loop, simulate
     from lightning_rex.sim.policies import OraclePolicy, make_policy
     from lightning_rex.sim.report import aggregate, paired_ratio
     from lightning_rex.sim.scenario import ScenarioError
     from lightning_rex.sim.schema import load_scenario
+    from lightning_rex.sim.scoring import run
     from lightning_rex.sim.trace import (
         read_summary,
         run_traced,

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning_rex.driver.loop import LoopConfig
-from lightning_rex.sim.engine import SimResult, Trace, metrics, simulate
-from lightning_rex.sim.policies import OraclePolicy, make_policy
+from lightning_rex.sim.engine import Trace
 from lightning_rex.sim.report import aggregate, paired_ratio
 from lightning_rex.sim.scenario import Scenario
+from lightning_rex.sim.scoring import SimResult, scored_run
 
 __all__ = [
     "read_summary",
@@ -44,7 +44,7 @@ __all__ = [
 def run_traced(
     scenario: Scenario, policy: str, seed: int, oracle: Trace, loop: LoopConfig | None = None
 ) -> tuple[SimResult, list[dict[str, Any]]]:
-    """Run a policy as :func:`~lightning_rex.sim.engine.run` does, keeping its records.
+    """Run a policy as :func:`~lightning_rex.sim.scoring.run` does, keeping its records.
 
     Args:
         scenario: The scenario.
@@ -56,9 +56,7 @@ def run_traced(
     Returns:
         The run's metrics and its window records, each with ``limit_samples_per_s``.
     """
-    pol = make_policy(policy, scenario)
-    trace = oracle if isinstance(pol, OraclePolicy) else simulate(scenario, pol, seed, loop=loop)
-    res = metrics(scenario, trace, oracle, seed)
+    res, trace = scored_run(scenario, policy, seed, oracle=oracle, loop=loop)
     limits = window_limits(trace.records, oracle.window_step_s, scenario.window)
     records = [
         {**r, "limit_samples_per_s": lim, "policy": policy, "seed": int(seed)}
