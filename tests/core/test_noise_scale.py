@@ -67,6 +67,57 @@ def test_non_finite_steps_are_ignored():
     assert again.phi == dirty.phi and again.skipped == 40
 
 
+def _norms(g_r: np.ndarray, sizes) -> tuple[float, float]:
+    w = np.asarray(sizes, dtype=np.float64) / sum(sizes)
+    g = w @ g_r
+    return float(w @ (g_r**2).sum(axis=1)), float(g @ g)
+
+
+def test_one_loss_spike_leaves_the_noise_scale_within_2x_of_the_clean_run_in_a_window():
+    # the issue's probe: rank 0's loss x1e8 for one step scales its local gradient by 1e8
+    # (its squared norm by 1e16), and the global gradient with it; unclipped, the noise
+    # scale went from 333 to 3.8e16 and was still 4.4e15 120 steps later
+    sizes, window, spike = (16, 16), 30, 300
+    rng = np.random.default_rng(4)
+    clean, spiked = NoiseScale(), NoiseScale()
+    for i in range(spike + 2 * window):
+        b = np.asarray(sizes, dtype=np.float64)
+        g_r = G + rng.standard_normal((2, D)) * np.sqrt(SIGMA / b)[:, None]
+        clean.update(*_norms(g_r, sizes), sizes)
+        if i == spike:
+            g_r = g_r.copy()
+            g_r[0] *= 1e8
+        spiked.update(*_norms(g_r, sizes), sizes)
+        if i >= spike + window:  # from one window after the spike on
+            assert clean.phi / 2 <= spiked.phi <= 2 * clean.phi, (i, clean.phi, spiked.phi)
+    assert spiked.clipped >= 1 and spiked.steps == clean.steps
+
+
+def test_clipping_does_not_bias_a_clean_estimate():
+    # the same draws with and without an outlier stream: on clean data the clip is inert
+    rng = np.random.default_rng(6)
+    sizes = (1, 2, 61)
+    ns = NoiseScale(decay=0.999)
+    for _ in range(3000):
+        ns.update(*step_norms(rng, sizes), sizes)
+    assert ns.clipped < 10 and ns.phi == pytest.approx(96.0, rel=0.10)
+
+
+def test_a_run_of_non_finite_steps_freezes_the_estimate():
+    rng = np.random.default_rng(2)
+    sizes = (8, 8)
+    ns = NoiseScale()
+    for _ in range(20):
+        ns.update(*step_norms(rng, sizes), sizes)
+    for _ in range(2):
+        ns.update(math.nan, 1.0, sizes)
+    assert not ns.frozen  # an AMP overflow step or two is not a frozen estimate
+    ns.update(math.nan, 1.0, sizes)
+    assert ns.frozen and ns.stale == 3
+    ns.update(*step_norms(rng, sizes), sizes)
+    assert not ns.frozen
+
+
 def test_needs_two_ranks_and_a_valid_decay():
     with pytest.raises(ValueError, match="two ranks"):
         noise_estimates(1.0, 1.0, [8])

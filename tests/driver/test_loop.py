@@ -81,7 +81,7 @@ def drive(
 
 
 def strip(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    skip = ("time", "run_id", "window_wall_s", "global_samples_per_s")
+    skip = ("time", "run_id", "resumed_from", "window_wall_s", "global_samples_per_s")
     return [{k: v for k, v in r.items() if k not in skip} for r in records]
 
 
@@ -235,7 +235,9 @@ def test_a_checkpointed_run_continues_exactly() -> None:
     drive(resumed, t2, range(57, 150), [0, 1])
     assert t2.plan_schedule.entries == target.plan_schedule.entries
     assert strip(first.records + resumed.records) == strip(full.records)
-    assert resumed.run_id == first.run_id
+    # a resumed fit is a run of its own, linked to the run it continues
+    assert resumed.run_id != first.run_id and resumed.resumed_from == first.run_id
+    assert {r["resumed_from"] for r in resumed.records} == {first.run_id}
 
 
 def _saved_mid_window() -> dict[str, Any]:

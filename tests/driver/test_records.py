@@ -63,9 +63,26 @@ def test_a_partial_last_line_is_skipped_on_read_and_cut_before_appending(tmp_pat
         log = DecisionLog(tmp_path, [], "a")
     log.write(_record("a", 10), step=20)
     assert [r["window"][0] for r in DecisionLog.read(path)] == [0, 10]
-    path.write_text('{"broken\n' + json.dumps(_record("a", 0)) + "\n")
-    with pytest.raises(ValueError, match="line 1: not a JSON record"):
-        DecisionLog.read(path)
+
+
+def test_a_malformed_line_anywhere_is_skipped_and_named(tmp_path: Path) -> None:
+    # two runs appending at once glued two records; a third line is fine
+    path = tmp_path / "rex_decisions.jsonl"
+    glued = json.dumps(_record("a", 0))[:-5] + json.dumps(_record("b", 0))
+    path.write_text(
+        json.dumps(_record("a", 0))
+        + "\n"
+        + glued
+        + "\n[1, 2]\n"
+        + json.dumps(_record("b", 10))
+        + "\n"
+    )
+    with pytest.warns(UserWarning, match=r"skipped 2 line\(s\) .* \(line 2, 3\)"):
+        recs = DecisionLog.read(path)
+    assert [(r["run_id"], r["window"][0]) for r in recs] == [("a", 0), ("b", 10)]
+    with pytest.warns(UserWarning, match="skipped 2"):
+        log = DecisionLog(tmp_path, [], "c")  # a new fit in that directory starts and writes
+    assert log.write(_record("c", 0), step=10)
 
 
 def test_window_metrics_flatten_a_record() -> None:

@@ -306,10 +306,14 @@ def test_resume_mid_epoch_matches_the_uninterrupted_run(synthetic: list[dict[str
     assert len(full_recs) >= 3
 
     def strip(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        skip = ("wall", "per_s", "time")
+        skip = ("wall", "per_s", "time", "run_id", "resumed_from")
         return [{k: v for k, v in r.items() if not any(x in k for x in skip)} for r in rs]
 
     assert strip(synthetic[0]["resumed"]["records"]) == strip(full_recs)
+    # the resumed fit is a run of its own, linked to the one it continues
+    resumed = synthetic[0]["resumed"]["records"]
+    ids = {(r["run_id"], r["resumed_from"]) for r in resumed}
+    assert ids == {(resumed[0]["run_id"], full_recs[0]["run_id"])}
 
 
 def test_decision_log_and_logger_metrics(synthetic: list[dict[str, Any]]) -> None:

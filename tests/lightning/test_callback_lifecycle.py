@@ -115,3 +115,26 @@ def test_ddp_positional_arguments_are_taken_unchanged() -> None:
         positional = RexStrategy(acc, None, None, None, None, None, None, None, 4)
         t = quiet_trainer(accelerator="auto", devices=1, strategy=positional, max_steps=1)
         t.fit(RegModel(), DataLoader(make_dataset(64), batch_size=16))
+
+
+def test_a_log_with_a_malformed_middle_line_neither_stops_a_fit_nor_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a run killed mid-write while another appended glued two records on one line
+    cb = with_step_times(lambda r, s, b: 0.001 * b, window=5, warmup=0, background=False)
+    _fit(cb, RegModel(), tmp_path, steps=15)
+    log = tmp_path / "rex_decisions.jsonl"
+    lines = log.read_text().splitlines()
+    glued = lines[1][: len(lines[1]) // 2] + lines[2]
+    log.write_text("\n".join([lines[0], glued, *lines[3:]]) + "\n")
+    with pytest.warns(UserWarning, match="skipped 1 line"):
+        t = _fit(
+            with_step_times(lambda r, s, b: 0.001 * b, window=5, warmup=0), RegModel(), tmp_path
+        )
+    assert t.global_step == 30  # trained to the end
+    from tests.helpers.cli import run_command
+
+    with pytest.warns(UserWarning, match="skipped 1 line"):
+        rc, _, err = run_command(["report", str(log), "--out", str(tmp_path / "rep")], capsys)
+    assert rc == 0, err
+    assert (tmp_path / "rep" / "index.html").exists()

@@ -247,3 +247,36 @@ def test_the_alpha_line_follows_the_records_and_resumed_windows_count_once(
     )
     rc, _, _ = run_report([str(tmp_path / "run"), "--out", str(tmp_path / "rep")], capsys)
     assert rc == 0 and seen == [0.05]
+
+
+def test_branches_resumed_from_one_checkpoint_are_drawn_apart(tmp_path, capsys):
+    # run "a" windows 0-40; "b" and "c" each resumed from a's checkpoint at step 20
+    recs = records()[:4]
+
+    def rec(i: int, run: str, parent: str | None, decision: str = "hold") -> dict:
+        start = 10 * i
+        return {
+            **recs[i % len(recs)],
+            "run_id": run,
+            "resumed_from": parent,
+            "window": [start, start + 10],
+            "step": start + 10,
+            "decision": decision,
+            "reason": f"{run}-{start}",
+        }
+
+    log = tmp_path / "rex_decisions.jsonl"
+    rows = [rec(i, "a", None) for i in range(4)]
+    rows += [rec(i, "b", "a", "rollback") for i in (2, 3)] + [rec(2, "c", "a", "accept")]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pages = {}
+    for run in ("a", "b", "c"):
+        out = tmp_path / run
+        assert run_report([str(log), "--run-id", run, "--out", str(out)], capsys)[0] == 0
+        pages[run] = (out / "index.html").read_text()
+    assert "b-20" not in pages["a"] and "c-20" not in pages["a"]
+    assert pages["b"].count("<td>rollback</td>") == 2 and "c-20" not in pages["b"]
+    assert pages["c"].count("<td>accept</td>") == 1 and "b-20" not in pages["c"]
+    assert "resumed from</th><td>a (from step 0)" in pages["b"]
+    # each branch is drawn after a's windows up to its own first one
+    assert "<td>4 (steps 0-40)</td>" in pages["b"] and "<td>3 (steps 0-30)</td>" in pages["c"]

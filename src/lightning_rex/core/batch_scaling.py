@@ -47,9 +47,15 @@ from lightning_rex.core.noise_scale import (
     lr_factor,
     statistical_efficiency,
 )
+from lightning_rex.core.state import StateError, real, whole
+from lightning_rex.core.state import field as state_field
 from lightning_rex.core.validation import long_run_variance, non_inferiority
 
 __all__ = ["BatchScaler", "BatchVerdict", "GlobalBatchScaling"]
+
+
+_MAX_OBS = 64
+"""Windows of goodput evidence kept (the oldest are dropped)."""
 
 
 def _log_time(seconds: float) -> float:
@@ -125,12 +131,15 @@ class BatchVerdict:
         gain: The measured goodput ratio, new over old.
         lower: Its lower confidence bound.
         efficiency_ratio: ``k = B' E(B') / (B E(B))``, the progress-per-step ratio.
+        frozen: The noise estimate stopped moving during the trial (the last steps had no
+            finite gradient norms): the efficiency is unknown, so the change is not kept.
     """
 
     keep: bool
     gain: float
     lower: float
     efficiency_ratio: float
+    frozen: bool = False
 
 
 @dataclass
@@ -200,7 +209,7 @@ class BatchScaler:
             return
         var = max(long_run_variance(t) / t.size, 1e-6)
         self._obs.append(_Obs(int(batch), float(t.mean()), var, math.log(predicted_s)))
-        self._obs = self._obs[-64:]
+        self._obs = self._obs[-_MAX_OBS:]
         self._since += 1
 
     @property
@@ -209,6 +218,7 @@ class BatchScaler:
         return (
             self.noise.steps >= self.config.min_noise_steps
             and self._since >= self.config.windows_between
+            and not self.noise.frozen  # no B changes on an estimate that stopped moving
             and self.noise.phi is not None
             and math.isfinite(self.noise.phi)
         )
@@ -332,8 +342,9 @@ class BatchScaler:
             confidence=self.config.confidence,
         )
         gain, lower = k / ni.ratio, k / ni.upper
-        keep = lower > 1.0 and gain >= 1.0 + self.config.min_gain
-        return BatchVerdict(bool(keep), float(gain), float(lower), float(k))
+        frozen = self.noise.frozen or not math.isfinite(k)
+        keep = not frozen and lower > 1.0 and gain >= 1.0 + self.config.min_gain
+        return BatchVerdict(bool(keep), float(gain), float(lower), float(k), frozen)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -345,13 +356,67 @@ class BatchScaler:
             "since": self._since,
         }
 
+    @staticmethod
+    def check_state(
+        d: Any, config: GlobalBatchScaling, base_batch: int, name: str = "scaler"
+    ) -> dict[str, Any]:
+        """Check a saved state against this run without loading it.
+
+        Args:
+            d: A dictionary from :meth:`state_dict`.
+            config: This run's scaling settings.
+            base_batch: This run's first global batch ``B0``.
+            name: Its dotted name, for errors.
+
+        Returns:
+            The state, normalised.
+
+        Raises:
+            StateError: Naming the field: another base batch, a noise state that is not
+                finite, or an observation at a batch outside the range or with a time,
+                variance or prediction that is not a finite number (a positive one for the
+                variance).
+        """
+        lo, hi = config.min_global_batch, config.max_global_batch
+        base = whole(state_field(d, "base_batch", name), f"{name}.base_batch", 1)
+        if base != base_batch:
+            raise StateError(
+                f"{name}.base_batch",
+                f"is {base}, but this run's first global batch is {base_batch}",
+            )
+        obs_v = state_field(d, "obs", name)
+        if not isinstance(obs_v, list) or len(obs_v) > _MAX_OBS:
+            raise StateError(f"{name}.obs", f"must be a list of at most {_MAX_OBS} observations")
+        obs = []
+        for i, o in enumerate(obs_v):
+            where = f"{name}.obs[{i}]"
+            if not isinstance(o, (list, tuple)) or len(o) != 4:
+                raise StateError(where, "must be [batch, log time, variance, log prediction]")
+            obs.append(
+                _Obs(
+                    whole(o[0], f"{where}[0]", lo, hi),
+                    real(o[1], f"{where}[1]"),
+                    real(o[2], f"{where}[2]", positive=True),
+                    real(o[3], f"{where}[3]"),
+                )
+            )
+        return {
+            "base_batch": base,
+            "noise": NoiseScale.check_state(state_field(d, "noise", name), f"{name}.noise"),
+            "obs": obs,
+            "since": whole(state_field(d, "since", name), f"{name}.since", 0),
+        }
+
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output.
+        """Restore :meth:`state_dict` output, after checking it.
 
         Args:
             d: The saved state.
+
+        Raises:
+            StateError: Naming the field (see :meth:`check_state`).
         """
-        self.base_batch = int(d["base_batch"])
+        c = self.check_state(d, self.config, self.base_batch)
         self.noise.load_state_dict(d["noise"])
-        self._obs = [_Obs(int(b), float(t), float(v), float(p)) for b, t, v, p in d["obs"]]
-        self._since = int(d["since"])
+        self._obs = list(c["obs"])
+        self._since = c["since"]

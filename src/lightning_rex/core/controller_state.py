@@ -9,6 +9,7 @@ from lightning_rex.core.plan import Plan
 from lightning_rex.core.state import (
     StateError,
     field,
+    flag,
     float_list,
     int_list,
     matrix,
@@ -41,7 +42,9 @@ def check_controller_state(
         StateError: Naming the first field that is missing or breaks an invariant.
     """
     # with global batch scaling the controller may run at another B than the run's first
-    if isinstance(d, dict) and "global_batch" in d:
+    if not isinstance(d, dict):
+        raise StateError(name, f"must be a mapping, got {type(d).__name__}")
+    if "global_batch" in d:
         global_batch = whole(d["global_batch"], f"{name}.global_batch", world_size)
 
     def plan(key: str) -> Plan | None:
@@ -61,8 +64,10 @@ def check_controller_state(
     out["rejected"] = plan("rejected") if "rejected" in d else None
     if state == "validating" and (out["pending"] is None or out["previous"] is None):
         raise StateError(f"{name}.pending", "and previous must be plans while validating")
-    out["predicted"] = optional(field(d, "predicted", name), real, f"{name}.predicted")
-    out["baseline"] = optional(field(d, "baseline", name), float_list, f"{name}.baseline")
+    out["predicted"] = optional(field(d, "predicted", name), real, f"{name}.predicted", True)
+    out["baseline"] = optional(
+        field(d, "baseline", name), float_list, f"{name}.baseline", None, True
+    )
     recent = field(d, "recent", name)
     if not isinstance(recent, list):
         raise StateError(f"{name}.recent", "must be a list of windows")
@@ -76,9 +81,22 @@ def check_controller_state(
     out["windows_seen"] = whole(field(d, "windows_seen", name), f"{name}.windows_seen", 0)
     # windows differ in length (the driver drops unusable steps): each row checked alone
     out["before"] = _rows(d.get("before", []), f"{name}.before")
-    out["changed"] = bool(d.get("changed", False))
+    out["changed"] = flag(d.get("changed", False), f"{name}.changed")
     out["trial"] = _rows(d.get("trial", []), f"{name}.trial")
-    out["rolled_back"] = bool(d.get("rolled_back", False))
+    out["rolled_back"] = flag(d.get("rolled_back", False), f"{name}.rolled_back")
+    segs = d.get("segments", [])
+    if not isinstance(segs, list):
+        raise StateError(f"{name}.segments", "must be a list of the window's segments")
+    for i, seg in enumerate(segs):
+        where = f"{name}.segments[{i}]"
+        matrix(field(seg, "times", where), f"{where}.times", world_size, None, True)
+        sizes = int_list(field(seg, "plan", where), f"{where}.plan", world_size, 1)
+        if sum(sizes) != global_batch:
+            raise StateError(
+                f"{where}.plan", f"must sum to the global batch B={global_batch}, got {sum(sizes)}"
+            )
+        first = whole(field(seg, "start", where), f"{where}.start", 0)
+        whole(field(seg, "end", where), f"{where}.end", first + 1)
     hist = d.get("history", {"z": [], "plans": []})  # absent from checkpoints before it existed
     if not isinstance(hist, dict):
         raise StateError(f"{name}.history", "must be a mapping")
@@ -94,7 +112,10 @@ def check_controller_state(
             for i, p in enumerate(plans)
         ],
     }
-    out["min_size"] = whole(field(d, "min_size", name), f"{name}.min_size", 1)
+    # every rank gets at least min_size samples of B
+    out["min_size"] = whole(
+        field(d, "min_size", name), f"{name}.min_size", 1, max(1, global_batch // world_size)
+    )
     caps = field(d, "max_sizes", name)
     if caps is not None:
         caps = _caps(caps, f"{name}.max_sizes", world_size)

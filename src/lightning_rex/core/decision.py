@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lightning_rex.core.plan import Plan
-from lightning_rex.core.state import StateError, field, int_list, optional, real, whole
+from lightning_rex.core.state import StateError, field, flag, int_list, optional, real, whole
 
 __all__ = ["Decision", "DecisionKind"]
 
@@ -85,5 +85,5 @@ class Decision:
             significance=sig,
             reason=str(field(d, "reason", name)),
             step_end=whole(field(d, "step_end", name), f"{name}.step_end", 0),
-            validated=bool(field(d, "validated", name)),
+            validated=flag(field(d, "validated", name), f"{name}.validated"),
         )

@@ -25,7 +25,9 @@ before the all-reduce and the global one after it.
 Each step's pair is noisy (``G_hat`` can be negative), so the two are smoothed separately
 with an exponential moving average and their ratio is the **noise scale**
 ``phi = tr(Sigma) / |G|^2`` (McCandlish's ``B_simple``). Steps whose norms are not finite (an
-AMP overflow step, which the scaler skips too) are left out.
+AMP overflow step, which the scaler skips too) are left out, and an outlier step (a loss
+spike) is clipped against the recent steps' median before it enters the averages
+(:class:`NoiseScale`).
 
 **Statistical efficiency** (Pollux, eq. 4): relative to a base batch ``B0``, a step at ``B``
 makes ``(phi + B0) / (phi + B)`` times the progress per sample, and **goodput** is throughput
@@ -38,10 +40,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
+from lightning_rex.core.state import StateError, matrix, real, whole
+from lightning_rex.core.state import field as state_field
+
 __all__ = [
+    "FROZEN_AFTER",
     "LR_RULES",
     "LrRule",
     "NoiseScale",
@@ -128,9 +136,40 @@ def lr_factor(
     raise ValueError(f"lr_rule must be one of {LR_RULES}, got {rule!r}")
 
 
+_ROBUST_WINDOW = 64
+"""Per-step estimates kept to clip the next one against (their median and MAD)."""
+_ROBUST_MIN = 8
+"""Estimates needed before clipping starts."""
+_ROBUST_WIDTH = 6.0
+"""Clip at the recent median plus or minus this many robust standard deviations."""
+FROZEN_AFTER = 3
+"""Consecutive steps without finite norms after which the estimate counts as frozen."""
+
+
+def _clip(x: float, recent: Sequence[float]) -> float:
+    """``x`` clipped to the recent estimates' median +- ``_ROBUST_WIDTH`` robust sds."""
+    if len(recent) < _ROBUST_MIN:
+        return x
+    arr = np.asarray(recent, dtype=np.float64)
+    center = float(np.median(arr))
+    spread = 1.4826 * float(np.median(np.abs(arr - center)))
+    if spread <= 0.0:
+        return x
+    return min(max(x, center - _ROBUST_WIDTH * spread), center + _ROBUST_WIDTH * spread)
+
+
 @dataclass
 class NoiseScale:
     """Exponential moving averages of ``|G|^2`` and ``tr(Sigma)``, step by step.
+
+    Each step's pair of estimates is first clipped to the median of the last 64 steps'
+    estimates plus or minus six robust standard deviations (1.4826 times the median absolute
+    deviation), once eight are known: one step's loss spike (a bad batch, a rank's
+    transient fault) multiplies a squared gradient norm by orders of magnitude and would
+    otherwise hold the averages for thousands of steps. The raw estimates are what is kept,
+    so a real change of the statistics moves the median and is followed within about half
+    that window. For the noise model's (near Gaussian) estimates the clip is six standard
+    deviations away and changes nothing.
 
     Args:
         decay: The EMA's weight on the past per step (0.99: about 100 steps of memory).
@@ -140,6 +179,8 @@ class NoiseScale:
         noise: The smoothed ``tr(Sigma)``, or None before the first step.
         steps: Steps taken in.
         skipped: Steps left out for non-finite norms.
+        stale: Consecutive steps left out up to now (0 after a usable step).
+        clipped: Steps whose estimates were clipped as outliers.
     """
 
     decay: float = 0.99
@@ -147,13 +188,21 @@ class NoiseScale:
     noise: float | None = None
     steps: int = 0
     skipped: int = 0
+    stale: int = 0
+    clipped: int = 0
     _g: float = 0.0
     _s: float = 0.0
     _w: float = 0.0
+    _recent: list[tuple[float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {self.decay}")
+
+    @property
+    def frozen(self) -> bool:
+        """Whether the last ``FROZEN_AFTER`` or more steps had no finite norms."""
+        return self.stale >= FROZEN_AFTER
 
     def update(self, weighted_local_sq: float, global_sq: float, sizes: Sequence[int]) -> bool:
         """Take one step's norms in.
@@ -168,14 +217,24 @@ class NoiseScale:
         """
         if not (math.isfinite(weighted_local_sq) and math.isfinite(global_sq)):
             self.skipped += 1
+            self.stale += 1
             return False
-        g, s = noise_estimates(weighted_local_sq, global_sq, sizes)
+        g_raw, s_raw = noise_estimates(weighted_local_sq, global_sq, sizes)
+        if not (math.isfinite(g_raw) and math.isfinite(s_raw)):  # an overflow in between
+            self.skipped += 1
+            self.stale += 1
+            return False
+        g = _clip(g_raw, [r[0] for r in self._recent])
+        s = _clip(s_raw, [r[1] for r in self._recent])
+        self.clipped += int(g != g_raw or s != s_raw)
+        self._recent = [*self._recent[-(_ROBUST_WINDOW - 1) :], (g_raw, s_raw)]
         d = self.decay
         self._g = d * self._g + (1 - d) * g
         self._s = d * self._s + (1 - d) * s
         self._w = d * self._w + (1 - d)
         self.grad_sq, self.noise = self._g / self._w, self._s / self._w
         self.steps += 1
+        self.stale = 0
         return True
 
     @property
@@ -196,17 +255,63 @@ class NoiseScale:
             "w": self._w,
             "steps": self.steps,
             "skipped": self.skipped,
+            "stale": self.stale,
+            "clipped": self.clipped,
+            "recent": [list(r) for r in self._recent],
+        }
+
+    @staticmethod
+    def check_state(d: Any, name: str = "noise") -> dict[str, Any]:
+        """Check a saved state without loading it.
+
+        Args:
+            d: A dictionary from :meth:`state_dict`.
+            name: Its dotted name, for errors.
+
+        Returns:
+            The state, normalised (fields that older checkpoints lack get their defaults).
+
+        Raises:
+            StateError: Naming the field: a decay outside ``[0, 1)``, averages that are not
+                finite, a weight outside ``[0, 1]``, or counts that are not integers >= 0.
+        """
+        decay = real(state_field(d, "decay", name), f"{name}.decay")
+        if not 0.0 <= decay < 1.0:
+            raise StateError(f"{name}.decay", f"must be in [0, 1), got {decay}")
+        w = real(state_field(d, "w", name), f"{name}.w")
+        if not 0.0 <= w <= 1.0:
+            raise StateError(f"{name}.w", f"must be a weight in [0, 1], got {w}")
+        recent = d.get("recent", [])
+        rows = matrix(recent, f"{name}.recent", None, 2) if recent else []
+        if len(rows) > _ROBUST_WINDOW:
+            raise StateError(f"{name}.recent", f"must hold at most {_ROBUST_WINDOW} estimates")
+        return {
+            "decay": decay,
+            "g": real(state_field(d, "g", name), f"{name}.g"),
+            "s": real(state_field(d, "s", name), f"{name}.s"),
+            "w": w,
+            "steps": whole(state_field(d, "steps", name), f"{name}.steps", 0),
+            "skipped": whole(state_field(d, "skipped", name), f"{name}.skipped", 0),
+            "stale": whole(d.get("stale", 0), f"{name}.stale", 0),
+            "clipped": whole(d.get("clipped", 0), f"{name}.clipped", 0),
+            "recent": [(r[0], r[1]) for r in rows],
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output.
+        """Restore :meth:`state_dict` output, after checking it.
 
         Args:
             d: The saved state.
+
+        Raises:
+            StateError: Naming the field (see :meth:`check_state`).
         """
-        self.decay = float(d["decay"])
-        self._g, self._s, self._w = float(d["g"]), float(d["s"]), float(d["w"])
-        self.steps, self.skipped = int(d["steps"]), int(d["skipped"])
+        c = self.check_state(d)
+        self.decay = c["decay"]
+        self._g, self._s, self._w = c["g"], c["s"], c["w"]
+        self.steps, self.skipped = c["steps"], c["skipped"]
+        self.stale, self.clipped = c["stale"], c["clipped"]
+        self._recent = list(c["recent"])
         if self._w > 0:
             self.grad_sq, self.noise = self._g / self._w, self._s / self._w
         else:

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.batch_scaling import BatchScaler
+from lightning_rex.core.batch_scaling import BatchScaler, GlobalBatchScaling
 from lightning_rex.core.controller import Controller
 from lightning_rex.core.controller_state import check_controller_state
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plan import Plan
-from lightning_rex.core.state import StateError, field
+from lightning_rex.core.state import StateError, field, float_list, int_list, whole
 from lightning_rex.core.window import Window
 
 __all__ = ["ScalingDecider"]
@@ -136,6 +136,11 @@ class ScalingDecider:
             v = self.scaler.validate(old, b, np.asarray(base), np.asarray(self._trial))
             self._change, self._trial, self._recent = None, [], []
             what = f"global batch {old} -> {b}: goodput x{v.gain:.3f} (lower bound x{v.lower:.3f})"
+            if v.frozen:
+                what += (
+                    f"; the noise estimate is frozen ({self.scaler.noise.stale} steps without"
+                    " finite gradient norms)"
+                )
             if not v.keep:
                 try:
                     self.controller.set_global_batch(old, old_plan)
@@ -227,42 +232,83 @@ class ScalingDecider:
             }
 
     @staticmethod
-    def check_state(d: Any, global_batch: int, world_size: int) -> dict[str, Any]:
+    def check_state(
+        d: Any,
+        global_batch: int,
+        world_size: int,
+        config: GlobalBatchScaling | None = None,
+    ) -> dict[str, Any]:
         """Check a saved state without loading it (every rank runs it before a resume).
 
         Args:
             d: A dict from :meth:`state_dict`.
             global_batch: The run's (first) global batch.
             world_size: The number of ranks.
+            config: The run's scaling settings: the controller's batch, the change under
+                validation and the scaler's observations must lie in its range, and the
+                scaler's state must be its (None: only the shapes are checked).
 
         Returns:
-            The state.
+            The state, normalised.
 
         Raises:
             StateError: Naming the field that is missing or malformed.
         """
-        check_controller_state(field(d, "controller", "decider"), global_batch, world_size)
-        for key in ("scaler", "trial", "recent"):
-            field(d, key, "decider")
+        lo, hi = (
+            (config.min_global_batch, config.max_global_batch)
+            if config is not None
+            else (world_size, None)
+        )
+        if not isinstance(d, dict):
+            raise StateError("decider", f"must be a mapping, got {type(d).__name__}")
+        ctl = check_controller_state(field(d, "controller", "decider"), global_batch, world_size)
+        batch = sum(ctl["plan"])
+        if batch < lo or (hi is not None and batch > hi):
+            raise StateError(
+                "decider.controller.global_batch",
+                f"is {batch}, outside the global batch range [{lo}, {hi}]",
+            )
+        scaler = field(d, "scaler", "decider")
+        if config is not None:
+            scaler = BatchScaler.check_state(scaler, config, global_batch, "decider.scaler")
         change = field(d, "change", "decider")
-        if change is not None and len(field(change, "plan", "decider.change")) != world_size:
-            raise StateError("decider.change.plan", f"must have {world_size} entries")
-        return dict(d)
+        if change is not None:
+            old = whole(field(change, "batch", "decider.change"), "decider.change.batch", lo, hi)
+            plan = int_list(
+                field(change, "plan", "decider.change"), "decider.change.plan", world_size, 1
+            )
+            if sum(plan) != old:
+                raise StateError(
+                    "decider.change.plan", f"must sum to the batch {old}, got {sum(plan)}"
+                )
+            base = float_list(
+                field(change, "baseline", "decider.change"), "decider.change.baseline", None, True
+            )
+            change = {"batch": old, "plan": tuple(plan), "baseline": base}
+        return {
+            "controller": ctl,
+            "scaler": scaler,
+            "change": change,
+            "trial": float_list(field(d, "trial", "decider"), "decider.trial", None, True),
+            "recent": float_list(field(d, "recent", "decider"), "decider.recent", None, True),
+        }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output.
+        """Restore :meth:`state_dict` output, after checking it.
 
         Args:
             d: The saved state.
+
+        Raises:
+            StateError: Naming the field (see :meth:`check_state`).
         """
+        c = self.check_state(
+            d, self.scaler.base_batch, self.controller.world_size, self.scaler.config
+        )
         with self._lock:
             self.controller.load_state_dict(d["controller"])
             self.scaler.load_state_dict(d["scaler"])
-            c = d["change"]
-            self._change = (
-                None
-                if c is None
-                else (int(c["batch"]), tuple(int(x) for x in c["plan"]), list(c["baseline"]))
-            )
-            self._trial = [float(x) for x in d["trial"]]
-            self._recent = [float(x) for x in d["recent"]]
+            ch = c["change"]
+            self._change = None if ch is None else (ch["batch"], ch["plan"], ch["baseline"])
+            self._trial = list(c["trial"])
+            self._recent = list(c["recent"])

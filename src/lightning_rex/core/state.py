@@ -11,12 +11,14 @@ what was expected, so that an error reads like a configuration error, never like
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
     "StateError",
     "field",
+    "flag",
     "float_list",
     "int_list",
     "matrix",
@@ -64,7 +66,7 @@ def field(d: Any, key: str, where: str) -> Any:
 
 
 def whole(v: Any, name: str, lo: int | None = None, hi: int | None = None) -> int:
-    """An integer within ``[lo, hi]`` (bools and non-integral floats are rejected).
+    """An integer within ``[lo, hi]`` (bools and floats, even integral ones, are rejected).
 
     Args:
         v: The value.
@@ -78,7 +80,8 @@ def whole(v: Any, name: str, lo: int | None = None, hi: int | None = None) -> in
     Raises:
         StateError: Naming the field and the allowed range.
     """
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        # a float is never what a run saved, not even 8.0 (nor NaN or inf)
         raise StateError(name, f"must be an integer, got {v!r}")
     out = int(v)
     if (lo is not None and out < lo) or (hi is not None and out > hi):
@@ -101,11 +104,29 @@ def real(v: Any, name: str, positive: bool = False) -> float:
     Raises:
         StateError: Naming the field.
     """
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
         raise StateError(name, f"must be a finite number, got {v!r}")
     if positive and v <= 0:
         raise StateError(name, f"must be > 0, got {v!r}")
     return float(v)
+
+
+def flag(v: Any, name: str) -> bool:
+    """A boolean (nothing else: ``bool(nan)`` would be True).
+
+    Args:
+        v: The value.
+        name: The field's dotted name.
+
+    Returns:
+        The value.
+
+    Raises:
+        StateError: Naming the field.
+    """
+    if not isinstance(v, bool):
+        raise StateError(name, f"must be true or false, got {v!r}")
+    return v
 
 
 def optional(v: Any, read: Any, name: str, *args: Any) -> Any:

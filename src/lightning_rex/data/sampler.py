@@ -44,6 +44,11 @@ from lightning_rex.data.grid import Grid, batch_grid, grid_first_sample, grid_le
 
 __all__ = ["UnevenBatchSampler"]
 
+_ANY_BATCH = 1 << 62
+"""The largest global batch a saved position may be for (any a run could reach)."""
+_MOST_RANKS = 1 << 20
+"""The most ranks a saved schedule may be for."""
+
 
 class _Sized:
     """A stand-in dataset that only has a length, for DistributedSampler."""
@@ -53,6 +58,23 @@ class _Sized:
 
     def __len__(self) -> int:
         return self.n
+
+
+class _Permutation(DistributedSampler):
+    """The one-replica DistributedSampler that draws every epoch's permutation.
+
+    Lightning moves it to the next epoch (``set_epoch`` through
+    ``loader.batch_sampler.sampler``) at the start of every epoch, before it iterates the
+    loader; ``on_set_epoch`` hears of it there, the one moment at which the new epoch's
+    length is known and Lightning can still be told.
+    """
+
+    on_set_epoch: Callable[[int], None] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if self.on_set_epoch is not None:
+            self.on_set_epoch(epoch)
 
 
 class UnevenBatchSampler(Sampler[list[int]]):
@@ -127,7 +149,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self.accumulate_grad_batches = accumulate_grad_batches
         self.step_source = step_source
-        self.sampler: DistributedSampler[int] = DistributedSampler(
+        self.sampler: _Permutation = _Permutation(
             _Sized(num_samples),  # type: ignore[arg-type]
             num_replicas=1,
             rank=0,
@@ -149,6 +171,11 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self._origin_sample = 0
         # the epoch whose iteration has begun (its grid is the one in use)
         self._iter_epoch: int | None = None
+        #: Whether a restored checkpoint's schedule continues (True), or its position was
+        #: re-cut at this run's global batch (False); None when nothing was restored.
+        self.continues: bool | None = None
+        #: Why a restored checkpoint was re-cut, in terms of this run ("" otherwise).
+        self.recut_reason = ""
 
     # ------------------------------------------------------------------ epochs and length
     @property
@@ -163,6 +190,18 @@ class UnevenBatchSampler(Sampler[list[int]]):
             epoch: The epoch number.
         """
         self.sampler.set_epoch(epoch)
+
+    def on_epoch_set(self, listener: Callable[[int], None] | None) -> None:
+        """Call ``listener(epoch)`` whenever the permutation moves to an epoch.
+
+        Lightning counts an epoch's batches once, when a fit starts; the strategy listens
+        here to tell it every epoch's own count (an epoch resumed on another world size,
+        or under another global batch, has another length than the epochs after it).
+
+        Args:
+            listener: The function, or None to stop listening.
+        """
+        self.sampler.on_set_epoch = listener
 
     def _grid(self) -> Grid:
         start, origin = self._epoch_start_step, (self._origin_batch, self._origin_sample)
@@ -355,7 +394,17 @@ class UnevenBatchSampler(Sampler[list[int]]):
             "world_size": self.world_size,
             "num_samples": self.num_samples,
             "min_size": self.bounds.min_size,
+            "batch_range": None
+            if self._plans.batch_range is None
+            else list(self._plans.batch_range),
         }
+
+    def _serves(self, global_batch: int) -> bool:
+        """Whether this run's schedule takes plans summing to ``global_batch``."""
+        if self._plans.batch_range is None:
+            return global_batch == self.global_batch
+        lo, hi = self._plans.batch_range
+        return lo <= global_batch <= hi
 
     def check_state(self, state: Any, name: str = "rex_sampler") -> dict[str, Any]:
         """Check a saved position against this run and its own grid, without applying it.
@@ -365,14 +414,18 @@ class UnevenBatchSampler(Sampler[list[int]]):
             name: Its dotted name, for errors.
 
         Returns:
-            The state, normalised, with ``same_world`` (same ``B`` and ``N``) and ``finished``
-            (the saved epoch was complete).
+            The state, normalised, with ``continues`` (the saved schedule is this run's:
+            the same ``N`` and base ``B``, and every plan sums to a global batch this run
+            serves), ``reason`` (why not, in terms of this run) and ``finished`` (the saved
+            epoch was complete).
 
         Raises:
             StateError: Naming the field: another dataset length, a schedule that is empty,
                 out of step order or whose plans break ``B`` or the bounds, a consumed count
                 outside the epoch or one that disagrees with the consumed samples.
         """
+        if not isinstance(state, dict):
+            raise StateError(name, f"must be a mapping, got {type(state).__name__}")
         n = whole(field(state, "num_samples", name), f"{name}.num_samples", 0)
         if n != self.num_samples:
             raise StateError(
@@ -380,23 +433,49 @@ class UnevenBatchSampler(Sampler[list[int]]):
                 f"is {n}, but this run's dataset has {self.num_samples} samples: the "
                 "checkpoint was made with another dataset",
             )
-        world = whole(field(state, "world_size", name), f"{name}.world_size", 1)
-        gb = whole(field(state, "global_batch", name), f"{name}.global_batch", world)
-        same = world == self.world_size and gb == self.global_batch
-        ranged = self._plans.batch_range if same else None
-        try:
-            saved = PlanSchedule(
-                even_plan(gb, world), gb, self.bounds if same else None, batch_range=ranged
+        world = whole(field(state, "world_size", name), f"{name}.world_size", 1, _MOST_RANKS)
+        gb = whole(field(state, "global_batch", name), f"{name}.global_batch", world, _ANY_BATCH)
+        # the saved schedule as it was, checked by the saved run's own rules: its plans sum
+        # to its global batch, or (global batch scaling) to any in its range; it places this
+        # epoch's batches
+        ranged = state.get("batch_range")  # absent from checkpoints before it was kept
+        if ranged is not None:
+            lo, hi = int_list(ranged, f"{name}.batch_range", 2, world)
+            if not lo <= gb <= hi:
+                raise StateError(f"{name}.batch_range", f"must hold the global batch {gb}")
+            ranged = (lo, hi)
+        saved = PlanSchedule(even_plan(gb, world), gb, batch_range=ranged)
+        entries = field(state, "schedule", name)
+        saved.load_state_dict(entries, f"{name}.schedule")
+        moved = sorted({sum(p) for _, p in saved.entries} - {gb})
+        reason = ""
+        if world != self.world_size or gb != self.global_batch:
+            reason = (
+                f"the checkpoint was made with {world} ranks and a global batch of {gb}, this "
+                f"run has {self.world_size} and {self.global_batch}"
             )
-        except ValueError as err:
-            raise StateError(f"{name}.global_batch", str(err)) from None
-        saved.load_state_dict(field(state, "schedule", name), f"{name}.schedule")
+        elif not all(self._serves(b) for b in moved):
+            serves = (
+                f"global batches in {list(self._plans.batch_range)}"
+                if self._plans.batch_range is not None
+                else f"only its global batch {self.global_batch} (global batch scaling is off)"
+            )
+            reason = (
+                f"the checkpoint's schedule moved the global batch to {moved}; this run "
+                f"serves {serves}"
+            )
+        schedule = saved
+        if not reason:  # continued: every plan is checked against this run's bounds too
+            schedule = PlanSchedule(
+                even_plan(gb, world), gb, self.bounds, batch_range=self._plans.batch_range
+            )
+            schedule.load_state_dict(entries, f"{name}.schedule")
         ob, os_ = int_list(field(state, "origin", name), f"{name}.origin", 2, 0)
         if os_ > n:
             raise StateError(f"{name}.origin", f"starts at sample {os_}, past the epoch's {n}")
         start = whole(field(state, "epoch_start_step", name), f"{name}.epoch_start_step", 0)
         # the saved run's smallest micro-batch cut its final batch (1 before it was saved)
-        least = whole(state.get("min_size", 1), f"{name}.min_size", 1)
+        least = whole(state.get("min_size", 1), f"{name}.min_size", 1, max(1, gb // world))
         grid = batch_grid(
             saved, n, (ob, os_), start, self.accumulate_grad_batches, world, self.drop_last, least
         )
@@ -415,19 +494,21 @@ class UnevenBatchSampler(Sampler[list[int]]):
             "consumed_samples": done,
             "origin": (ob, os_),
             "epoch_start_step": start,
-            "schedule": saved,
-            "same_world": same,
+            "schedule": schedule,
+            "continues": not reason,
+            "reason": reason,
             "finished": consumed >= length,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position so that the next iteration continues where the run stopped.
 
-        A checkpoint made with another world size (so another global batch ``B``, as under
-        DDP) resumes too: the rest of the epoch is cut into global batches of the new ``B``
-        from the first sample not yet consumed, so no sample is lost or repeated; the old
-        plan schedule does not apply to the new ranks and is dropped (the initial plan of
-        this run stays in force).
+        A checkpoint whose schedule this run cannot continue (made with another world size,
+        so another global batch ``B`` as under DDP; or a global batch that scaling moved
+        and this run does not serve) resumes too: the rest of the epoch is cut into global
+        batches of this run's ``B`` from the first sample not yet consumed, so no sample is
+        lost or repeated, and the checkpoint's plan schedule is dropped (the initial plan of
+        this run stays in force). :attr:`continues` says which happened.
 
         Args:
             state: A dictionary from :meth:`state_dict`.
@@ -438,11 +519,12 @@ class UnevenBatchSampler(Sampler[list[int]]):
         """
         c = self.check_state(state)
         self.set_epoch(c["epoch"])
-        if c["same_world"]:
+        self.continues, self.recut_reason = c["continues"], c["reason"]
+        if c["continues"]:
             self._plans = c["schedule"]
         self._epoch_start_step = c["epoch_start_step"]
         consumed = c["consumed"]
-        if c["same_world"]:
+        if c["continues"]:
             self._origin_batch, self._origin_sample = c["origin"]
         else:
             self._origin_batch, self._origin_sample = consumed, c["consumed_samples"]

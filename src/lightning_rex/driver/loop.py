@@ -64,6 +64,10 @@ __all__ = ["LoopConfig", "WindowDriver"]
 
 DeciderFactory = Callable[[Plan, SizeBounds], Decider]
 
+_PREFETCH_HORIZON = 1024
+"""Steps past a resumed fit's first step that a saved future step may lie (a plan's first
+step waits for every batch already fetched, DataLoader workers' prefetch included)."""
+
 
 @dataclass(frozen=True)
 class LoopConfig:
@@ -183,6 +187,11 @@ class WindowDriver:
         self.observer: BackgroundObserver | None = None
         self.records: list[dict[str, Any]] = []
         self.run_id = ""
+        #: The run id of the checkpoint this fit resumed (None for a fresh start).
+        self.resumed_from: str | None = None
+        #: Whether a resumed fit continued the checkpoint's window loop exactly (True), or
+        #: started afresh from it (False: another world size or global batch); None fresh.
+        self.continued: bool | None = None
         self.dropped = 0
         self.device_keys: list[str] = []
         self.failed = False
@@ -280,12 +289,21 @@ class WindowDriver:
         """
         sched = self.target.plan_schedule
         n, b, bounds = sched.world_size, sched.global_batch, sched.bounds
-        saved = (
-            None
-            if state is None
-            else check_state(state, n, b, bounds, self._check_decider, sched.batch_range)
-        )
-        run_id = saved["run_id"] if saved is not None else uuid.uuid4().hex[:12]
+        saved = None
+        if state is not None:
+            saved = check_state(
+                state,
+                n,
+                b,
+                bounds,
+                self._check_decider,
+                sched.batch_range,
+                resumed=self.target.resumed,
+                step=step,
+                horizon=self.config.warmup + self.config.window + _PREFETCH_HORIZON,
+            )
+        # every fit is a run of its own; a resumed one names the run it continues
+        run_id = uuid.uuid4().hex[:12]
         free = self.target.first_free_step()
         mine = None if self._failure is None else self._failure[1]
         objs = self.collectives.gather_objects(
@@ -294,8 +312,10 @@ class WindowDriver:
         self._check(np.array([o[3] is not None for o in objs], dtype=float), "the start of the fit")
         self.device_keys = [o[0] for o in objs]
         self.run_id = str(objs[0][2])
+        self.resumed_from = None if saved is None else saved["run_id"]
         plan = sched.plan_at(step)
-        same = saved is not None and saved["same_world"]
+        same = saved is not None and saved["continues"]
+        self.continued = None if saved is None else same
         if saved is not None and not same and self.config.apply_plans:
             fitted = plan_from_device_rates(saved["device_rates"], self.device_keys, b, bounds)
             if fitted is not None and fitted != plan:
@@ -510,6 +530,7 @@ class WindowDriver:
             plan_changes=before + int(mine),
             adaptive=self.config.apply_plans,
             run_id=self.run_id,
+            resumed_from=self.resumed_from,
         )
         if note:
             record["reason"] = f"{record['reason']}; {note}"

@@ -22,6 +22,7 @@ Every collective method is called by every process at the same point of the loop
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -31,7 +32,14 @@ from lightning_rex.core.plan import Plan
 from lightning_rex.core.schedule import PlanSchedule
 from lightning_rex.core.window import Window
 
-__all__ = ["Collectives", "Decider", "LocalCollectives", "PlanTarget", "ScheduleTarget"]
+__all__ = [
+    "Collectives",
+    "Decider",
+    "LocalCollectives",
+    "PlanTarget",
+    "Resumed",
+    "ScheduleTarget",
+]
 
 
 @runtime_checkable
@@ -133,6 +141,21 @@ class LocalCollectives:
         return list(objs)
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """How a plan target restored its schedule from a checkpoint.
+
+    Attributes:
+        continues: True when the checkpoint's schedule is this run's (same ranks, same
+            base global batch, every plan one this run serves); False when only the
+            position was kept and the rest of the epoch re-cut at this run's global batch.
+        reason: Why it was re-cut, in terms of this run ("" when it continues).
+    """
+
+    continues: bool
+    reason: str = ""
+
+
 @runtime_checkable
 class PlanTarget(Protocol):
     """Where plans take effect: the home of the plan schedule."""
@@ -140,6 +163,11 @@ class PlanTarget(Protocol):
     @property
     def plan_schedule(self) -> PlanSchedule:
         """The plan schedule (the one record of which plan is in force when)."""
+        ...
+
+    @property
+    def resumed(self) -> Resumed | None:
+        """How the schedule came back from a checkpoint; None when it did not."""
         ...
 
     def first_free_step(self) -> int:
@@ -168,6 +196,11 @@ class ScheduleTarget:
     def plan_schedule(self) -> PlanSchedule:
         """The schedule."""
         return self._schedule
+
+    @property
+    def resumed(self) -> Resumed | None:
+        """Always None: a bare schedule is not restored from a checkpoint."""
+        return None
 
     def first_free_step(self) -> int:
         """The step after the one set as :attr:`now` (nothing is fetched ahead here)."""

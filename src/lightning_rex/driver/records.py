@@ -5,14 +5,16 @@ time, the imbalance test's p-values and verdict, the decision with its predicted
 step time, the true global throughput, the samples dropped as unusable, and (on CUDA with
 NVML) each rank's telemetry, whose ``throttled`` flag names the slow ranks that were power-
 or thermally throttled. Every record carries the run's ``run_id`` (kept across resumes)
-and a UTC ``time``, so that two runs writing to one directory stay apart.
+and a UTC ``time``, so that two runs writing to one directory stay apart; a resumed fit is a
+run of its own whose records name the run it resumed (``resumed_from``).
 
 :class:`DecisionLog` appends records to the JSONL file and logs their scalars to the
 Trainer's loggers (any objects with ``log_metrics(metrics, step)``). A resumed run may come
 back to a window whose record the interrupted run already wrote (its decision was saved in
 the checkpoint before it was exchanged): the log skips a record whose ``run_id`` and
-``window`` the file already holds. :meth:`DecisionLog.read` skips a partial last line (a run
-killed while writing) and raises on any other malformed line.
+``window`` the file already holds. :meth:`DecisionLog.read` skips, counts and warns about
+any line that is not a JSON record (a run killed while writing, two runs glued on one
+line), so an old log never stops a report or a new fit.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def build_record(
     plan_changes: int,
     adaptive: bool,
     run_id: str,
+    resumed_from: str | None = None,
 ) -> dict[str, Any]:
     """The JSON record of one window and the decision exchanged for it.
 
@@ -64,6 +67,7 @@ def build_record(
         plan_changes: Plan changes in the run's schedule as of this decision.
         adaptive: Whether plans are applied.
         run_id: The run's id.
+        resumed_from: The run id of the checkpoint this run resumed, or None.
 
     Returns:
         The record.
@@ -75,6 +79,7 @@ def build_record(
     med = window.medians
     return {
         "run_id": run_id,
+        "resumed_from": resumed_from,
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
         "step": window.step_end,
         "window": [window.step_start, window.step_end],
@@ -164,15 +169,28 @@ class DecisionLog:
         """Cut a partial last line (a run stopped while writing it) before appending."""
         if not self.path.exists():
             return
-        text = self.path.read_text()
-        if not text or text.endswith("\n"):
-            return
-        keep = text[: text.rfind("\n") + 1]
+        with self.path.open("rb+") as fh:
+            end = fh.seek(0, 2)
+            if end == 0:
+                return
+            fh.seek(end - 1)
+            if fh.read(1) == b"\n":
+                return
+            pos = end  # find the last newline, reading backwards in chunks
+            while pos > 0:
+                start = max(0, pos - 65536)
+                fh.seek(start)
+                chunk = fh.read(pos - start)
+                i = chunk.rfind(b"\n")
+                if i >= 0:
+                    pos = start + i + 1
+                    break
+                pos = start
+            fh.truncate(pos)
         warnings.warn(
             f"{self.path}: removing a partial last line (a run stopped while writing it)",
             stacklevel=3,
         )
-        self.path.write_text(keep)
 
     def write(self, record: dict[str, Any], step: int) -> bool:
         """Append ``record`` and log its scalars at ``step``, unless the file holds it already.
@@ -197,33 +215,44 @@ class DecisionLog:
 
     @staticmethod
     def read(path: str | Path) -> list[dict[str, Any]]:
-        """Read a decision log back.
+        """Read a decision log back, line by line.
+
+        A line that is not a JSON record (two records glued by runs writing at once, a
+        partial last line of a run killed while writing) is skipped and counted, with one
+        warning naming the lines; the records around it are kept.
 
         Args:
             path: The JSONL file (a missing file reads as empty).
 
         Returns:
-            The records in order; a partial last line is skipped with a warning.
-
-        Raises:
-            ValueError: For a malformed line other than the last.
+            The records (JSON objects) in order.
         """
         p = Path(path)
         if not p.exists():
             return []
-        lines = [x for x in p.read_text().splitlines() if x.strip()]
-        out = []
-        for i, line in enumerate(lines):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                if i == len(lines) - 1:
-                    warnings.warn(
-                        f"{p}: skipping a partial last line (a run stopped while writing it)",
-                        stacklevel=2,
-                    )
-                    break
-                raise ValueError(f"{p}, line {i + 1}: not a JSON record ({err})") from None
+        out: list[dict[str, Any]] = []
+        bad: list[int] = []
+        with p.open("rb") as fh:
+            for i, raw in enumerate(fh, start=1):
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    rec = None
+                if isinstance(rec, dict):
+                    out.append(rec)
+                else:
+                    bad.append(i)
+        if bad:
+            shown = ", ".join(str(i) for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+            warnings.warn(
+                f"{p}: skipped {len(bad)} line(s) that are not JSON records (line {shown}): a"
+                " partial last line of a run stopped while writing, or records of runs that"
+                " wrote at once",
+                stacklevel=2,
+            )
         return out
 
 

@@ -13,7 +13,9 @@ that sums to ``B``, pending decisions with their windows, and (through the decid
 check) the controller state. It is pure, so every rank runs it on the same checkpoint and
 fails alike, before any step. A checkpoint from another world size keeps only ``run_id``
 and ``device_rates``: fitted rates keyed by device identity, from which
-:func:`plan_from_device_rates` plans the new ranks.
+:func:`plan_from_device_rates` plans the new ranks; so does one whose loader position was
+re-cut at this run's global batch (the plan target says so), and a saved world size or
+global batch that disagrees with the loader's position of the same checkpoint is an error.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from lightning_rex.core.state import (
 )
 from lightning_rex.core.window import Window
 from lightning_rex.driver.observer import Pending
+from lightning_rex.driver.protocols import Resumed
 
 __all__ = [
     "STATE_VERSION",
@@ -129,10 +132,12 @@ def pending_from_state(
     clean: dict[str, Any] = {"telemetry": None}
     for key in _INFO_KEYS:
         v = info.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise StateError(f"{name}.info.{key}", f"must be a number or null, got {v!r}")
+        if v is not None and real(v, f"{name}.info.{key}") < 0:
+            raise StateError(f"{name}.info.{key}", f"must be a number >= 0 or null, got {v!r}")
         clean[key] = v
-    clean["dropped_samples"] = int(clean["dropped_samples"] or 0)
+    clean["dropped_samples"] = (
+        optional(clean["dropped_samples"], whole, f"{name}.info.dropped_samples", 0) or 0
+    )
     decision = Decision.from_dict(field(d, "decision", name), f"{name}.decision")
     if decision.plan is not None:
         if len(decision.plan) != world_size:
@@ -155,6 +160,9 @@ def check_state(
     bounds: SizeBounds,
     check_decider: Callable[[Any, int, int], Any] | None = None,
     batch_range: tuple[int, int] | None = None,
+    resumed: Resumed | None = None,
+    step: int | None = None,
+    horizon: int = 0,
 ) -> dict[str, Any]:
     """Check a driver state against this run, before anything is restored.
 
@@ -163,34 +171,63 @@ def check_state(
         world_size: This run's number of ranks.
         global_batch: This run's global batch ``B``.
         bounds: This run's size bounds.
-        check_decider: Checks the decider's state (``Controller.check_state``), or None.
+        check_decider: Checks the decider's state and returns it, or None when it is a
+            decider of another kind that this run starts afresh
+            (``Controller.check_state``); None: the state is kept unchecked.
         batch_range: The range of ``B`` under global batch scaling, or None.
+        resumed: How the plan target restored its schedule from the same checkpoint: the
+            loop continues exactly when the schedule does, and starts afresh when the
+            schedule was re-cut. None: the target has no checkpoint of its own.
+        step: The step the resumed fit starts at; saved steps ahead of it (the next
+            exchange, the first measured step) may be at most ``horizon`` steps later.
+        horizon: See ``step``.
 
     Returns:
-        The state, normalised; ``same_world`` says whether it was made with this run's
-        ``N`` and ``B`` (otherwise only ``run_id`` and ``device_rates`` are kept).
+        The state, normalised; ``continues`` says whether the loop continues it (otherwise
+        only ``run_id`` and ``device_rates`` are kept).
 
     Raises:
-        StateError: Naming the first field that is missing or breaks an invariant.
+        StateError: Naming the first field that is missing or breaks an invariant, or that
+            disagrees with the loader's position saved in the same checkpoint.
     """
     name = "rex_driver"
     version = whole(field(s, "version", name), f"{name}.version")
     if version != STATE_VERSION:
         raise StateError(f"{name}.version", f"must be {STATE_VERSION}, got {version}")
+    run_id = field(s, "run_id", name)
+    if not isinstance(run_id, str) or not run_id.isalnum() or len(run_id) > 64:
+        raise StateError(f"{name}.run_id", f"must be a short alphanumeric id, got {run_id!r}")
     out: dict[str, Any] = {
-        "run_id": str(field(s, "run_id", name)),
+        "run_id": run_id,
         "device_rates": _rates(field(s, "device_rates", name), f"{name}.device_rates"),
     }
     n = whole(field(s, "world_size", name), f"{name}.world_size", 1)
     b = whole(field(s, "global_batch", name), f"{name}.global_batch", n)
-    out["same_world"] = n == world_size and b == global_batch
-    if not out["same_world"]:
+    same = n == world_size and b == global_batch
+    if resumed is not None and resumed.continues and not same:
+        what, got, want = (
+            ("world_size", n, world_size) if n != world_size else ("global_batch", b, global_batch)
+        )
+        raise StateError(
+            f"{name}.{what}",
+            f"is {got}, but the loader's position in the same checkpoint was saved with "
+            f"{want}: the checkpoint's entries disagree",
+        )
+    out["continues"] = same and (resumed is None or resumed.continues)
+    if not out["continues"]:
         return out
-    out["skip_until"] = whole(field(s, "skip_until", name), f"{name}.skip_until", 0)
-    out["exchange_at"] = optional(field(s, "exchange_at", name), whole, f"{name}.exchange_at", 0)
+    ahead = None if step is None else step + horizon
+    out["skip_until"] = whole(field(s, "skip_until", name), f"{name}.skip_until", 0, ahead)
+    out["exchange_at"] = optional(
+        field(s, "exchange_at", name), whole, f"{name}.exchange_at", 0, ahead
+    )
     steps = int_list(field(s, "steps", name), f"{name}.steps", None, 0)
     if any(b2 <= a for a, b2 in itertools.pairwise(steps)):
         raise StateError(f"{name}.steps", f"must be in increasing step order, got {steps}")
+    if steps and step is not None and steps[-1] > step:
+        raise StateError(
+            f"{name}.steps", f"must be steps before the resumed step {step}, got {steps[-1]}"
+        )
     out["steps"] = steps
     plan = optional(field(s, "window_plan", name), int_list, f"{name}.window_plan", n, 1)
     if steps and plan is None:
@@ -212,7 +249,7 @@ def check_state(
     out["dropped"] = whole(field(s, "dropped", name), f"{name}.dropped", 0)
     ctl = field(s, "controller", name)
     if ctl is not None and check_decider is not None:
-        check_decider(ctl, global_batch, world_size)
+        ctl = check_decider(ctl, global_batch, world_size)
     out["controller"] = ctl
     return out
 
@@ -230,12 +267,10 @@ def _rows(v: Any, name: str, rows: int, cols: int) -> list[list[float]]:
             )
         vals = []
         for j, x in enumerate(row):
-            if x is None:
+            if x is None:  # a sample that could not be read: dropped with its step
                 vals.append(math.nan)
-            elif isinstance(x, bool) or not isinstance(x, (int, float)):
-                raise StateError(f"{name}[{i}][{j}]", f"must be seconds or null, got {x!r}")
             else:
-                vals.append(float(x))
+                vals.append(real(x, f"{name}[{i}][{j}]", positive=True))
         out.append(vals)
     return out
 

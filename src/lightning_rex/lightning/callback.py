@@ -16,6 +16,7 @@ speedup, and changes nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from lightning_rex.driver.records import DecisionLog
 from lightning_rex.lightning.collectives import device_key, driver_collectives
 from lightning_rex.lightning.progress import is_step_end, steps_done
 from lightning_rex.lightning.scaling import TrainingScaling, amp_scales, setup_scaling
+from lightning_rex.lightning.watchdog import HangWatchdog, default_store
 from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound
 from lightning_rex.measure.timing import ComputeTimer
 
@@ -89,6 +91,13 @@ class RexCallback(Callback):
             validated, the learning rate following the chosen rule (see
             :class:`~lightning_rex.core.batch_scaling.GlobalBatchScaling`). Needs
             ``strategy="rex"`` and automatic optimization.
+        hang_timeout: The hang watchdog (on several ranks): when a rank makes no progress in
+            its training steps for this many seconds, or ``hang_factor`` times the slowest
+            rank's typical step if that is longer, while another rank is ahead of it, every
+            rank raises a :class:`~lightning_rex.RexRankError` naming it and the run ends
+            (see docs/driver.md). None turns it off. Default 600 s (NCCL's own timeout is
+            30 minutes).
+        hang_factor: See ``hang_timeout`` (>= 1).
 
     Raises:
         ValueError: For arguments outside the ranges above, naming the argument.
@@ -109,6 +118,8 @@ class RexCallback(Callback):
         log_dir: str | None = None,
         looks: int | None = None,
         global_batch: GlobalBatchScaling | None = None,
+        hang_timeout: float | None = 600.0,
+        hang_factor: float = 20.0,
     ) -> None:
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
@@ -132,6 +143,20 @@ class RexCallback(Callback):
                 f"global_batch must be a GlobalBatchScaling or None, got {type(global_batch)}"
             )
         self.global_batch = global_batch
+        if hang_timeout is not None and not (
+            isinstance(hang_timeout, (int, float))
+            and math.isfinite(hang_timeout)
+            and hang_timeout > 0
+        ):
+            raise ValueError(f"hang_timeout must be seconds > 0 or None, got {hang_timeout!r}")
+        if not (
+            isinstance(hang_factor, (int, float))
+            and math.isfinite(hang_factor)
+            and hang_factor >= 1
+        ):
+            raise ValueError(f"hang_factor must be a number >= 1, got {hang_factor!r}")
+        self.hang_timeout = None if hang_timeout is None else float(hang_timeout)
+        self.hang_factor = float(hang_factor)
         # tests and replays only: fn(rank, step, micro_batch) -> seconds replaces measurements
         self._step_time_fn: StepTimeFn | None = None
         self._loaded: dict[str, Any] | None = None
@@ -151,6 +176,7 @@ class RexCallback(Callback):
         self._comparable = True
         self._started = False
         self._scaling: TrainingScaling | None = None
+        self._watchdog: HangWatchdog | None = None
 
     # ------------------------------------------------------------------ what it did
     @property
@@ -218,9 +244,7 @@ class RexCallback(Callback):
             driver_collectives(device),
             target,
             self._make_controller,
-            check_decider_state=(
-                Controller.check_state if self.global_batch is None else ScalingDecider.check_state
-            ),
+            check_decider_state=self._check_decider_state,
             resolve=self._resolve,
             caps=self._caps,
             telemetry=self._sample_telemetry if device.type == "cuda" else None,
@@ -228,15 +252,58 @@ class RexCallback(Callback):
             on_exchange=self._progress,
         )
         self._timer.attach(pl_module.parameters())
+        saved = (self._loaded or {}).get("batch_scaling")
         if self.global_batch is not None and adaptive:
-            saved = (self._loaded or {}).get("batch_scaling")
             self._scaling = TrainingScaling(
                 self.global_batch,
                 target.plan_schedule.global_batch,
                 list(pl_module.parameters()),
                 saved,
             )
+        elif saved is not None:
+            self._unscale_rates(trainer, TrainingScaling.check_state(saved, None)["lr_factor"])
         self._start(trainer)
+        store = default_store() if trainer.world_size > 1 and self.hang_timeout else None
+        if store is not None and self.hang_timeout is not None:
+            self._watchdog = HangWatchdog(
+                store,
+                trainer.global_rank,
+                trainer.world_size,
+                self.driver.run_id,
+                self.hang_timeout,
+                self.hang_factor,
+            )
+            self._watchdog.start()
+
+    @staticmethod
+    def _unscale_rates(trainer: pl.Trainer, factor: float) -> None:
+        """Global batch scaling is off now, on in the checkpoint: back to the base rates."""
+        if factor == 1.0:
+            return
+        for opt in trainer.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["lr"] / factor
+        rank_zero_warn(
+            f"RexCallback: the checkpoint's learning rates carry global batch scaling's factor "
+            f"x{factor:.4g}; scaling is off in this run, so they are divided by it (the base "
+            "rates, for the base global batch this run trains at)"
+        )
+
+    def _check_decider_state(self, d: Any, global_batch: int, world_size: int) -> Any:
+        """Check a saved decider's state; None for another kind, which starts afresh."""
+        scaling = isinstance(d, dict) and "scaler" in d
+        if scaling != (self.global_batch is not None):
+            rank_zero_warn(
+                "RexCallback: global batch scaling is "
+                f"{'off' if scaling else 'on'} in this run and was {'on' if scaling else 'off'}"
+                " in the checkpoint's: the controller starts afresh"
+            )
+            return None
+        if scaling:
+            ScalingDecider.check_state(d, global_batch, world_size, self.global_batch)
+        else:
+            Controller.check_state(d, global_batch, world_size)
+        return d
 
     def _start(self, trainer: pl.Trainer) -> None:
         """Start the loop (every rank, before any batch is trained).
@@ -254,13 +321,18 @@ class RexCallback(Callback):
         step = steps_done(trainer)
         self.driver.start(step, [key], loaded)
         sched = self._target.plan_schedule
-        saved = (loaded or {}).get("world_size"), (loaded or {}).get("global_batch")
-        if loaded and saved != (sched.world_size, sched.global_batch):
+        if loaded and self.driver.continued is False:
+            resumed = self._target.resumed
+            saved = loaded.get("world_size"), loaded.get("global_batch")
+            why = (resumed.reason if resumed is not None else "") or (
+                f"the checkpoint was made with {saved[0]} ranks and a global batch of "
+                f"{saved[1]}, this run has {sched.world_size} and {sched.global_batch}"
+            )
             plan = sched.plan_at(self.driver.measuring_from)
             rank_zero_warn(
-                f"RexCallback: the checkpoint was made with {saved[0]} ranks and a global batch "
-                f"of {saved[1]}, this run has {sched.world_size} and {sched.global_batch}; the "
-                f"controller starts afresh from the plan {plan} (rates known per device: "
+                f"RexCallback: {why}; the rest of the epoch is cut at this run's global batch "
+                f"from the first sample not yet trained, and the controller starts afresh from "
+                f"the plan {plan} (rates known per device: "
                 f"{sorted(loaded.get('device_rates', {}))})"
             )
 
@@ -294,20 +366,12 @@ class RexCallback(Callback):
         return [str(k) for k in keys] if self.pool_by_device and len(keys) == n else None
 
     # ------------------------------------------------------------------ per step
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Global batch scaling: size the epoch for Lightning from its own grid.
-
-        Lightning counts an epoch's batches once, at the start of the fit; a global batch
-        in force from this epoch's first step changes how many it has.
-        """
-        resize = getattr(trainer.strategy, "resize_epoch", None)
-        if self.global_batch is not None and resize is not None:
-            resize()
-
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         """Start timing this rank's compute."""
+        if self._watchdog is not None:
+            self._watchdog.advance()
         if self.driver is None or not self._started:
             return
         assert self._target is not None
@@ -346,6 +410,8 @@ class RexCallback(Callback):
         batch_idx: int,
     ) -> None:
         """Close the micro-batch; at the end of a step, hand its sample to the driver."""
+        if self._watchdog is not None:
+            self._watchdog.advance(step_end=True)
         if self.driver is None or not self._started:
             return
         with self.driver.guard("stopping the step timer"):
@@ -362,6 +428,13 @@ class RexCallback(Callback):
             if self._step_time_fn is not None:
                 sample = sum(self._step_time_fn(trainer.global_rank, self._step, b) for b in micro)
         self.driver.record(self._step, [sample], self._comparable)
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
+    ) -> None:
+        """The hang watchdog: this rank reached its backward (and so its collectives)."""
+        if self._watchdog is not None:
+            self._watchdog.advance()
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
@@ -410,6 +483,8 @@ class RexCallback(Callback):
         self._release()
 
     def _release(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
         if self._timer is not None:
             self._timer.detach()
         if self._scaling is not None:

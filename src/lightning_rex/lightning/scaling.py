@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from lightning_rex.core.batch_scaling import GlobalBatchScaling
-from lightning_rex.core.noise_scale import NoiseScale, lr_factor
+from lightning_rex.core.noise_scale import LR_RULES, NoiseScale, lr_factor
+from lightning_rex.core.state import StateError, field, real, whole
 from lightning_rex.data.weighting import LossReduction, loss_scale
 
 __all__ = ["GradientNorms", "LearningRate", "TrainingScaling", "amp_scales", "setup_scaling"]
@@ -176,9 +177,64 @@ class TrainingScaling:
         self.noise = NoiseScale(config.decay)
         self.batch = self.base_batch
         if saved:
-            self.rate.factor = float(saved["lr_factor"])
-            self.noise.load_state_dict(saved["noise"])
-            self.batch = int(saved["batch"])
+            c = self.check_state(saved, config)
+            self.rate.factor = c["lr_factor"]
+            self.noise.load_state_dict(c["noise"])
+            self.batch = c["batch"]
+
+    @staticmethod
+    def check_state(d: Any, config: GlobalBatchScaling | None) -> dict[str, Any]:
+        """Check a saved state before anything is trained on it (every rank, alike).
+
+        The learning-rate factor is already in the checkpoint's optimizer rates; a factor
+        that is not the rule's at the saved batch (or, for AdaScale, outside ``[1, B/B0]``)
+        would silently scale every later rate, so it is refused.
+
+        Args:
+            d: A dictionary from :meth:`state_dict`.
+            config: This run's scaling settings (the saved batch must be in its range), or
+                None when this run does not scale.
+
+        Returns:
+            The state, normalised: ``lr_factor``, ``batch``, ``noise`` (checked).
+
+        Raises:
+            StateError: Naming the field.
+        """
+        name = "batch_scaling"
+        if not isinstance(d, dict):
+            raise StateError(name, f"must be a mapping, got {type(d).__name__}")
+        lo, hi = (1, None) if config is None else (config.min_global_batch, config.max_global_batch)
+        batch = whole(field(d, "batch", name), f"{name}.batch", lo, hi)
+        factor = real(field(d, "lr_factor", name), f"{name}.lr_factor", positive=True)
+        base = d.get("base_batch")
+        rule = d.get("lr_rule")
+        if base is not None and rule is not None:  # both saved since they were kept
+            base = whole(base, f"{name}.base_batch", 1)
+            if rule not in LR_RULES:
+                raise StateError(f"{name}.lr_rule", f"must be one of {LR_RULES}, got {rule!r}")
+            ratio = batch / base
+            if rule == "adascale":  # the gain lies between 1 and B / B0
+                ok = min(1.0, ratio) * (1 - 1e-9) <= factor <= max(1.0, ratio) * (1 + 1e-9)
+                want = f"between 1 and {ratio:.6g}"
+            else:
+                ok = math.isclose(factor, lr_factor(rule, batch, base), rel_tol=1e-9)
+                want = f"{lr_factor(rule, batch, base):.6g}"
+            if not ok:
+                raise StateError(
+                    f"{name}.lr_factor",
+                    f"is {factor!r}, but the {rule} rule gives {want} at a global batch of "
+                    f"{batch} from {base}",
+                )
+        elif config is not None and not 0 < factor <= hi / lo:  # type: ignore[operator]
+            raise StateError(
+                f"{name}.lr_factor", f"must be in (0, {hi}/{lo}] for the range, got {factor!r}"
+            )
+        return {
+            "lr_factor": factor,
+            "batch": batch,
+            "noise": NoiseScale.check_state(field(d, "noise", name), f"{name}.noise"),
+        }
 
     def after_backward(
         self,
@@ -238,6 +294,8 @@ class TrainingScaling:
             "lr_factor": self.rate.factor,
             "noise": self.noise.state_dict(),
             "batch": self.batch,
+            "base_batch": self.base_batch,
+            "lr_rule": self.config.lr_rule,
         }
 
 

@@ -29,6 +29,7 @@ from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
 from lightning_rex.data.sampler import UnevenBatchSampler
 from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
+from lightning_rex.driver.protocols import Resumed
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.progress import (
     loader_state_to_restore,
@@ -65,6 +66,14 @@ class _TrainSampler:
     def plan_schedule(self) -> PlanSchedule:
         """The run's plan schedule."""
         return self._sampler().plan_schedule
+
+    @property
+    def resumed(self) -> Resumed | None:
+        """How the sampler restored a checkpoint's schedule (None: it did not)."""
+        sampler = self._sampler()
+        if sampler.continues is None:
+            return None
+        return Resumed(sampler.continues, sampler.recut_reason)
 
     def first_free_step(self) -> int:
         """The first step none of whose batches this rank has fetched."""
@@ -365,6 +374,9 @@ class RexStrategy(DDPStrategy):
         saved = loader_state_to_restore(trainer)
         if saved is not None:
             self._loader.load_state_dict(saved)
+        # every epoch is sized from the sampler, when Lightning moves it to the epoch (it
+        # counted the batches once, for the epoch the fit starts in)
+        loader.batch_sampler.on_epoch_set(lambda epoch: self.resize_epoch())
         return self._loader
 
     def resize_epoch(self) -> None:
@@ -375,7 +387,11 @@ class RexStrategy(DDPStrategy):
         length, and ``val_check_batch`` for a fractional ``val_check_interval``) and ends
         every epoch, and validates, there. Global batch scaling changes the count: a new
         global batch re-cuts the rest of the epoch (see
-        :func:`~lightning_rex.lightning.progress.set_epoch_length`).
+        :func:`~lightning_rex.lightning.progress.set_epoch_length`), and so does a resume:
+        the epoch a checkpoint is resumed in is cut at this run's global batch from the
+        first sample not yet trained, and the epochs after it are whole again. It runs at
+        every epoch's start (when Lightning moves the sampler to the epoch) and whenever a
+        new global batch re-cuts the rest of an epoch.
         """
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is not None and self._loader is not None:

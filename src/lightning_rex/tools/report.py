@@ -8,7 +8,9 @@ Inputs (one or more)::
     python -m lightning_rex report a.json b.json                       # simulate --json output
 
 A run directory is searched for ``rex_decisions.jsonl`` files; of the runs they hold
-(``run_id``), the last one is drawn unless ``--run-id`` picks another. For a decision log the
+(``run_id``), the last one is drawn unless ``--run-id`` picks another; a run resumed from a
+checkpoint is drawn after the windows of the run it resumed (``resumed_from``) up to its
+own first window, and branches resumed from one checkpoint are drawn apart. For a decision log the
 report draws ``compute.png`` (each rank's median compute time per window, plan changes as
 vertical lines), ``plan.png`` (each rank's micro-batch over steps), ``pvalues.png`` (the
 imbalance test's adjusted p-values against alpha, with the proposals, accepts and rollbacks
@@ -136,10 +138,20 @@ def _pick_run(
     run_id = last if run_id is None else run_id
     if run_id not in runs:
         raise ReportError(f"run id {run_id!r} is not in {where}; its runs: {', '.join(runs)}")
-    # a resumed run writes to a new log and repeats the windows after its last checkpoint:
-    # keep one record per window, the latest written, in step order
+    # logs from before resumes had run ids of their own repeat the windows after the last
+    # checkpoint under the same id: keep one record per window, the latest written
     by_window = {tuple(r["window"]): r for r in runs[run_id][1]}
-    return run_id, runs[run_id][0], sorted(by_window.values(), key=lambda r: r["window"][0])
+    records = sorted(by_window.values(), key=lambda r: r["window"][0])
+    # a resumed fit is a run of its own (``resumed_from``): draw it after the windows of the
+    # runs it continues that end before its own first one, never with its sibling branches
+    seen, parent = {run_id}, records[-1].get("resumed_from")
+    while isinstance(parent, str) and parent in runs and parent not in seen:
+        seen.add(parent)
+        start = records[0]["window"][0]
+        earlier = {tuple(r["window"]): r for r in runs[parent][1] if r["window"][1] <= start}
+        records = sorted(earlier.values(), key=lambda r: r["window"][0]) + records
+        parent = runs[parent][1][-1].get("resumed_from")
+    return run_id, runs[run_id][0], records
 
 
 def _comparison_from_json(d: dict[str, Any], path: Path, out: Report) -> None:
@@ -238,6 +250,16 @@ def _fmt_plan(plan: Sequence[int] | None) -> str:
     return f"[{head}{', ...' if len(plan) > 8 else ''}] (B={sum(plan)}, N={len(plan)})"
 
 
+def _lineage(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``("resumed from", ...)`` for a run that continues others' windows, else nothing."""
+    ids = list(dict.fromkeys(str(r.get("run_id")) for r in records))
+    if len(ids) < 2:
+        return []
+    firsts = {str(r.get("run_id")): r["window"][0] for r in reversed(records)}
+    chain = ", then ".join(f"{i} (from step {firsts[i]})" for i in ids[:-1])
+    return [("resumed from", chain)]
+
+
 def _run_section(label: str, source: Path, records: list[dict[str, Any]], pngs: list[Path]) -> str:
     """The HTML of one run: summary, plots, and its non-hold decisions."""
     e = html.escape
@@ -248,8 +270,9 @@ def _run_section(label: str, source: Path, records: list[dict[str, Any]], pngs: 
     final = changes[-1]["new_plan"] if changes else records[-1]["plan"]
     summary = [
         ("run", label),
-        ("run id", str(records[0].get("run_id"))),
+        ("run id", str(records[-1].get("run_id"))),
         ("source", str(source)),
+        *_lineage(records),
         ("windows", f"{len(records)} (steps {records[0]['window'][0]}-{records[-1]['step']})"),
         ("plan changes", str(len(changes))),
         ("rollbacks", str(counts.get("rollback", 0))),

@@ -1,0 +1,248 @@
+"""The hang watchdog: a rank stuck outside lightning-rex ends the run instead of hanging it.
+
+Every rank's main thread advances a progress counter at the points of each step it passes
+(:meth:`HangWatchdog.advance`, called by the callback's hooks: a plain integer increment).
+A daemon thread per rank publishes it in the process group's key-value store (the
+``TCPStore`` every ``torch.distributed`` run already has), and rank 0's thread applies
+:class:`~lightning_rex.driver.hang.HangDetector` to all ranks and publishes its verdict.
+When a rank is silent, every rank's thread acts at once:
+
+1. it raises a :class:`~lightning_rex.driver.errors.RexRankError` naming the silent rank in
+   its main thread (a signal whose handler raises it), which interrupts a rank stuck in
+   ``time.sleep`` or any Python code; a rank blocked inside a collective raises it as soon
+   as the collective returns, which it does when the silent rank's process ends (gloo
+   notices the closed connection at once);
+2. if the process is still running ``grace`` seconds later (a rank blocked in NCCL, or one
+   whose main thread never returns to Python), it prints the error and exits with code 1,
+   which tears the process group down for the others.
+
+Other ranks also act when rank 0's verdicts stop coming (its process froze) or its store
+stops answering (it died), for as long as the limit. The cost is one store write per rank
+and one read (rank 0: one read of every key) per poll, every tenth of the limit (at most 30
+s); the main thread pays an integer increment per hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from lightning_rex.driver.errors import RexRankError
+from lightning_rex.driver.hang import Hang, HangDetector
+
+__all__ = ["HangWatchdog", "default_store"]
+
+_SIGNAL = getattr(signal, "SIGUSR2", None)
+
+
+def default_store() -> Any | None:
+    """The default process group's key-value store, or None without one."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        store = distributed_c10d._get_default_store()
+    except Exception:
+        return None
+    clone = getattr(store, "clone", None)  # a connection of its own, where torch offers one
+    try:
+        return store if clone is None else clone()
+    except Exception:
+        return store
+
+
+class HangWatchdog:
+    """One rank's part of the hang watchdog (see the module docstring).
+
+    Args:
+        store: A ``torch.distributed.Store`` every rank shares.
+        rank: This rank.
+        world_size: The number of ranks.
+        key: A prefix unique to this fit (the window loop's run id).
+        floor_s: The shortest time a rank may stay behind the others (seconds).
+        factor: ... or this many times the slowest rank's typical step time, if longer.
+        grace_s: Seconds from raising the error to exiting the process, if it is still
+            running.
+        clock: Seconds, monotonic.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world_size: int,
+        key: str,
+        floor_s: float,
+        factor: float,
+        grace_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.detector = HangDetector(world_size, floor_s, factor)
+        self.grace_s = float(grace_s)
+        self.poll_s = min(30.0, max(0.2, floor_s / 10.0))
+        self.progress = 0
+        self.error: RexRankError | None = None
+        self._clock = clock
+        self._prefix = f"rex/hang/{key}/"
+        self._ends: deque[float] = deque(maxlen=33)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._main = threading.main_thread().ident
+        self._old_handler: Any = None
+        self._installed = False
+
+    # ------------------------------------------------------------------ main thread
+    def advance(self, step_end: bool = False) -> None:
+        """The main thread passed a point of a step (``step_end``: the step's last one).
+
+        Args:
+            step_end: Whether this point ends a step (its time measures the step).
+        """
+        self.progress += 1
+        if step_end:
+            self._ends.append(self._clock())
+
+    def typical_step_s(self) -> float:
+        """This rank's median step time of its last 32 steps (NaN before 2 steps)."""
+        ends = np.asarray(self._ends)
+        return float(np.median(np.diff(ends))) if ends.size >= 3 else math.nan
+
+    def start(self) -> None:
+        """Publish this rank and start the thread (main thread, every rank, together)."""
+        self._publish()
+        if self.rank == 0:
+            self.store.set(self._prefix + "v", json.dumps({"seq": 0, "hang": None}))
+        if (
+            _SIGNAL is not None
+            and threading.current_thread() is threading.main_thread()
+            and self.world_size > 1
+        ):
+            self._old_handler = signal.signal(_SIGNAL, self._raise)
+            self._installed = True
+        self._thread = threading.Thread(target=self._run, name="rex-hang-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching (the fit ended, or its error is being handled)."""
+        self._stop.set()
+        if self.rank == 0 and self.error is None:
+            # the other ranks stop too, rather than take rank 0's silence for a hang
+            with contextlib.suppress(Exception):
+                self.store.set(self._prefix + "v", json.dumps({"seq": -1, "hang": None}))
+        if self._installed and threading.current_thread() is threading.main_thread():
+            signal.signal(_SIGNAL, self._old_handler)  # type: ignore[arg-type]
+            self._installed = False
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # ------------------------------------------------------------------ the thread
+    def _publish(self) -> None:
+        self.store.set(
+            self._prefix + f"p{self.rank}", f"{self.progress} {self.typical_step_s():.6g}"
+        )
+
+    def _run(self) -> None:
+        seen_seq, seq_at = -2, self._clock()
+        failing_since: float | None = None
+        while not self._stop.wait(self.poll_s):
+            now = self._clock()
+            try:
+                self._publish()
+                hang = self._look(now) if self.rank == 0 else None
+                if self.rank != 0:
+                    verdict = self._verdict()
+                    if verdict is not None:
+                        if verdict["seq"] == -1:
+                            return  # rank 0 ended its fit
+                        if verdict["hang"] is not None:
+                            hang = Hang(**verdict["hang"])
+                        if verdict["seq"] != seen_seq:
+                            seen_seq, seq_at = verdict["seq"], now
+                    limit = self.detector.limit([self.typical_step_s()])
+                    if hang is None and now - seq_at > limit:
+                        hang = Hang(0, now - seq_at, limit, (0,) * self.world_size)
+                failing_since = None
+            except Exception as err:  # the store: rank 0's process may be gone
+                failing_since = now if failing_since is None else failing_since
+                limit = self.detector.limit([self.typical_step_s()])
+                if now - failing_since <= limit:
+                    continue
+                hang = None
+                self._act(
+                    RexRankError(
+                        0,
+                        f"the process group's store stopped answering for {now - failing_since:.0f}"
+                        f" s ({type(err).__name__}: {err}): rank 0 is gone or unreachable",
+                        "the hang watchdog's check",
+                    )
+                )
+                return
+            if hang is not None:
+                self._act(RexRankError(hang.rank, hang.message(), "the hang watchdog's check"))
+                return
+
+    def _look(self, now: float) -> Hang | None:
+        """Rank 0: every rank's progress, the detector's verdict, published."""
+        keys = [self._prefix + f"p{r}" for r in range(self.world_size)]
+        raw = self.store.multi_get(keys) if hasattr(self.store, "multi_get") else None
+        if raw is None:
+            raw = [self.store.get(k) for k in keys]
+        progress, steps = [], []
+        for v in raw:
+            p, s = bytes(v).decode().split()
+            progress.append(int(p))
+            steps.append(float(s))
+        hang = self.detector.observe(progress, steps, now)
+        seq = int(now * 1000) & 0x7FFFFFFF
+        body = None if hang is None else dataclasses.asdict(hang)
+        self.store.set(self._prefix + "v", json.dumps({"seq": seq, "hang": body}))
+        return hang
+
+    def _verdict(self) -> dict[str, Any] | None:
+        key = self._prefix + "v"
+        if not self.store.check([key]):
+            return None
+        d = json.loads(bytes(self.store.get(key)).decode())
+        if d.get("hang") is not None:
+            d["hang"]["progress"] = tuple(d["hang"]["progress"])
+        return d
+
+    def _act(self, error: RexRankError) -> None:
+        """Raise ``error`` in the main thread; exit the process if it is still here later.
+
+        The silent rank raises last, two polls later: by then every other rank has read the
+        verdict, so when the silent rank's process ends and their collectives fail, they
+        raise the error that names it rather than a bare "connection closed".
+        """
+        if error.rank == self.rank and self._stop.wait(2 * self.poll_s):
+            return
+        self.error = error
+        if self._installed and self._main is not None and _SIGNAL is not None:
+            with contextlib.suppress(Exception):
+                signal.pthread_kill(self._main, _SIGNAL)
+        if self._stop.wait(self.grace_s):
+            return  # the main thread got the error and is handling it
+        sys.stderr.write(f"{type(error).__name__}: {error}\n")
+        sys.stderr.flush()
+        os._exit(1)
