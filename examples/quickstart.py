@@ -32,7 +32,7 @@ import sys
 import warnings
 from typing import Any
 
-from lightning_rex.tools import bench
+from lightning_rex.tools import bench, bench_cli
 
 STRATEGIES = {"ddp": "ddp", "rex": "rex (adaptive)", "rex-static": "best static plan"}
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be above 60: 30 warm-up steps are not timed, and rex needs windows")
     quiet()
     parser = argparse.ArgumentParser()
-    bench.add_parser(parser.add_subparsers())
+    bench_cli.add_parser(parser.add_subparsers())
     cmd = "bench --compare ddp,rex,rex-static --adaptive --slowdowns 1,3 --micro-batch-sizes 50,14"
     args = parser.parse_args([*cmd.split(), "--steps", str(a.steps), "--repeat", str(a.repeat)])
     print(

@@ -58,3 +58,49 @@ def test_arrows_point_down(path):
     ours = [n for n in _imports(path) if n.startswith("lightning_rex.")]
     bad = [n for n in ours if n.split(".")[1] not in allowed]
     assert not bad, f"{path} imports {bad} from above its layer"
+
+
+def _fresh(code: str) -> str:
+    """Run ``code`` in a fresh interpreter; its last line of output."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+LOADED = "print('lightning' in sys.modules, 'torch.distributed' in sys.modules)"
+
+
+def test_importing_the_framework_free_layers_loads_no_framework_at_run_time():
+    # the layers' source is clean (above); importing them must not load a framework either,
+    # through the root package or a heavy dependency (torch itself imports torch.distributed)
+    code = f"import sys, lightning_rex.core, lightning_rex.driver, lightning_rex.sim; {LOADED}"
+    assert _fresh(code) == "False False"
+    assert _fresh(f"import sys, lightning_rex; {LOADED}") == "False False"
+
+
+def test_the_command_line_help_loads_no_framework():
+    code = (
+        "import sys\nfrom lightning_rex.__main__ import build_parser\nbuild_parser()\n"
+        "print('lightning' in sys.modules, 'torch' in sys.modules)"
+    )
+    assert _fresh(code) == "False False"
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import lightning_rex; import lightning as L",
+        "import lightning as L; import lightning_rex",
+        "import lightning_rex; from lightning.pytorch import Trainer; import lightning as L",
+    ],
+)
+def test_strategy_rex_works_after_import_lightning_rex_in_any_order(imports):
+    code = (
+        f"{imports}\nt = L.Trainer(strategy='rex', accelerator='cpu', devices=2, logger=False)\n"
+        "print(type(t.strategy).__name__, t.strategy._start_method)"
+    )
+    assert _fresh(code) == "RexStrategy popen"

@@ -2,24 +2,37 @@
 
 ``import lightning_rex`` registers the strategies ``"rex"``, ``"rex_spawn"`` and
 ``"rex_fork"`` with Lightning's ``StrategyRegistry`` (idempotently), so that
-``Trainer(strategy="rex")`` works.
+``Trainer(strategy="rex")`` works: at once when Lightning is already imported, otherwise as
+soon as it is (:mod:`lightning_rex.lightning.registration`). The Lightning classes
+(:class:`RexStrategy`, :class:`RexCallback`, the loader, the sampler, the emulator) are
+imported on first use, so that ``lightning_rex.core``, ``.driver`` and ``.sim`` import
+without Lightning or ``torch.distributed``.
 """
 
-from lightning.pytorch.strategies import StrategyRegistry
+from typing import TYPE_CHECKING, Any
 
 from lightning_rex.__about__ import __version__
 from lightning_rex.core.batch_scaling import GlobalBatchScaling
 from lightning_rex.core.plan import Plan, even_plan, round_fractions, validate_plan
 from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.state import StateError
-from lightning_rex.data.loader import RexDataLoader
-from lightning_rex.data.sampler import UnevenBatchSampler
 from lightning_rex.driver.errors import RexRankError
-from lightning_rex.lightning.callback import RexCallback
-from lightning_rex.lightning.strategy import RexStrategy
-from lightning_rex.tools.emulator import HeterogeneityEmulator
+from lightning_rex.lightning.registration import register_when_lightning_loads
 
-RexStrategy.register_strategies(StrategyRegistry)
+if TYPE_CHECKING:
+    from lightning_rex.data.loader import RexDataLoader
+    from lightning_rex.data.sampler import UnevenBatchSampler
+    from lightning_rex.lightning.callback import RexCallback
+    from lightning_rex.lightning.strategy import RexStrategy
+    from lightning_rex.tools.emulator import HeterogeneityEmulator
+
+_LAZY = {
+    "HeterogeneityEmulator": "lightning_rex.tools.emulator",
+    "RexCallback": "lightning_rex.lightning.callback",
+    "RexDataLoader": "lightning_rex.data.loader",
+    "RexStrategy": "lightning_rex.lightning.strategy",
+    "UnevenBatchSampler": "lightning_rex.data.sampler",
+}
 
 __all__ = [
     "GlobalBatchScaling",
@@ -38,3 +51,22 @@ __all__ = [
     "round_fractions",
     "validate_plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a Lightning class of the public API on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+register_when_lightning_loads()

@@ -22,14 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
         The configured :class:`argparse.ArgumentParser`.
     """
     from lightning_rex.sim import cli as sim_cli
-    from lightning_rex.tools import bench, report
+    from lightning_rex.tools import bench_cli, report
 
     parser = argparse.ArgumentParser(
         prog="python -m lightning_rex",
         description="lightning-rex: adaptive uneven micro-batches for Lightning.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    bench.add_parser(sub)
+    bench_cli.add_parser(sub)
     sim_cli.add_parser(sub)
     report.add_parser(sub)
     return parser

@@ -1,11 +1,15 @@
 """The framework-free REX core: plans, step-time windows, significance, models, planner.
 
-Nothing under this package imports Lightning or ``torch.distributed``; the simulator and
-the Lightning callback both drive it through the same :class:`Controller` interface.
+Nothing under this package imports Lightning or ``torch.distributed``, and importing it
+loads neither (nor torch: the time model's BoTorch and GPyTorch parts are imported when a
+model is first built); the simulator and the Lightning callback both drive it through the
+same :class:`Controller` interface.
 """
 
-from lightning_rex.core.controller import Controller, Decision
-from lightning_rex.core.kernels import SplineKernel, bspline_basis
+from typing import TYPE_CHECKING, Any
+
+from lightning_rex.core.controller import Controller
+from lightning_rex.core.decision import Decision
 from lightning_rex.core.model import RankTimeModel
 from lightning_rex.core.plan import (
     Plan,
@@ -23,6 +27,19 @@ from lightning_rex.core.significance import (
     variance_inflation,
 )
 from lightning_rex.core.window import Window
+
+if TYPE_CHECKING:
+    from lightning_rex.core.kernels import SplineKernel, bspline_basis
+
+
+def __getattr__(name: str) -> Any:
+    """The spline kernel loads GPyTorch (and torch), so it is imported when first used."""
+    if name in ("SplineKernel", "bspline_basis"):
+        from lightning_rex.core import kernels
+
+        return getattr(kernels, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Controller",

@@ -34,12 +34,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from lightning_rex.core.kernels import SplineKernel
 from lightning_rex.core.noise_scale import (
     LR_RULES,
     LrRule,
@@ -50,6 +48,9 @@ from lightning_rex.core.noise_scale import (
 from lightning_rex.core.state import StateError, real, whole
 from lightning_rex.core.state import field as state_field
 from lightning_rex.core.validation import long_run_variance, non_inferiority
+
+if TYPE_CHECKING:  # torch loads when the scaler models goodput, not on import
+    import torch
 
 __all__ = ["BatchScaler", "BatchVerdict", "GlobalBatchScaling"]
 
@@ -231,6 +232,8 @@ class BatchScaler:
         return np.unique(np.r_[np.round(grid).astype(np.int64), int(current)])
 
     def _x(self, batch: np.ndarray) -> torch.Tensor:
+        import torch
+
         c = self.config
         lo, hi = math.log(c.min_global_batch), math.log(c.max_global_batch)
         u = (np.log(np.asarray(batch, dtype=np.float64)) - lo) / (hi - lo)
@@ -256,8 +259,11 @@ class BatchScaler:
         return mean, resid_sd
 
     def _gp(self) -> Any:
+        import torch
         from botorch.models import SingleTaskGP
         from gpytorch.kernels import ScaleKernel
+
+        from lightning_rex.core.kernels import SplineKernel
 
         x = self._x(np.array([o.batch for o in self._obs]))
         y = torch.tensor([[o.log_t - o.pred] for o in self._obs], dtype=torch.float64)
@@ -270,6 +276,8 @@ class BatchScaler:
         return model
 
     def _residual(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
         if not self._obs:
             return np.zeros(len(batches)), np.full(len(batches), 0.1)
         model = self._gp()
@@ -289,6 +297,8 @@ class BatchScaler:
         Returns:
             ``(batch, predicted goodput ratio over current)``, or None.
         """
+        import torch
+
         if not self.ready:
             return None
         grid = self.candidates(current)

@@ -37,13 +37,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from lightning_rex.core.kernels import SplineKernel
-from lightning_rex.core.posterior import SplineAffineModel, optimistic_quantile
 from lightning_rex.core.state import (
     StateError,
     field,
@@ -55,9 +52,13 @@ from lightning_rex.core.state import (
     whole,
 )
 
+if TYPE_CHECKING:  # torch and BoTorch load when a model is built, not on import
+    import torch
+
+    from lightning_rex.core.posterior import SplineAffineModel
+
 __all__ = ["RankTimeModel"]
 
-_DT = torch.float64
 _MIN_GROUP = 4
 """Groups smaller than this are not pooled (a member's own windows weigh on its prior)."""
 _REACH = 16.0
@@ -68,6 +69,8 @@ def _solve(
     prior_prec: torch.Tensor, prior_rhs: torch.Tensor, gram: torch.Tensor, data: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gaussian posterior of linear weights: precision ``prior_prec + gram``, batched."""
+    import torch
+
     chol = torch.linalg.cholesky(prior_prec + gram)
     mu = torch.cholesky_solve((prior_rhs + data).unsqueeze(-1), chol).squeeze(-1)
     return mu, torch.cholesky_inverse(chol)
@@ -113,6 +116,8 @@ class RankTimeModel:
         seed: int = 0,
         groups: Sequence[str | None] | None = None,
     ) -> None:
+        from lightning_rex.core.kernels import SplineKernel
+
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if b_max < 1:
@@ -207,35 +212,43 @@ class RankTimeModel:
         self._post = None
 
     def _features(self, b: torch.Tensor) -> torch.Tensor:
+        import torch
+
         u = b / self.b_ref
         phi = self.kernel.features(b.unsqueeze(-1))
         return torch.cat([torch.ones_like(u).unsqueeze(-1), u.unsqueeze(-1), phi], dim=-1)
 
     def _prior(self) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         assert self.first_u is not None
         n, m = self.world_size, self.kernel.num_basis
-        c0 = torch.as_tensor(1.0 / self.first_u, dtype=_DT)
-        mean = torch.zeros(n, 2 + m, dtype=_DT)
+        c0 = torch.as_tensor(1.0 / self.first_u, dtype=torch.float64)
+        mean = torch.zeros(n, 2 + m, dtype=torch.float64)
         mean[:, 1] = c0
-        var = torch.empty(n, 2 + m, dtype=_DT)
+        var = torch.empty(n, 2 + m, dtype=torch.float64)
         var[:, 0] = self.overhead_prior_sd**2
         var[:, 1] = (self.slope_prior_sd * c0) ** 2
         var[:, 2:] = self.outputscale
         return mean, var
 
     def _data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        import torch
+
         assert self.scale is not None
         b = torch.as_tensor(np.asarray(self.sizes, dtype=np.float64).T)  # (N, W)
         y = torch.as_tensor(np.asarray(self.medians).T / self.scale[:, None])  # (N, W)
         w = len(self.sizes)
-        age = torch.arange(w - 1, -1, -1, dtype=_DT)
-        v = torch.as_tensor(self.rel_var, dtype=_DT) * torch.exp(age / self.memory)
+        age = torch.arange(w - 1, -1, -1, dtype=torch.float64)
+        v = torch.as_tensor(self.rel_var, dtype=torch.float64) * torch.exp(age / self.memory)
         index = torch.as_tensor(self.n_added - w + np.arange(w))
         old = index[None, :] < torch.as_tensor(self.cutoff)[:, None]
         v = v.expand(self.world_size, w) * torch.where(old, 1e8, 1.0)
         return b, y, v
 
     def _posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         if self._post is None:
             if self.scale is None:
                 raise RuntimeError("the model has no observations yet")
@@ -248,7 +261,7 @@ class RankTimeModel:
             prior_prec = torch.diag_embed(1.0 / p0)
             mu, cov = _solve(prior_prec, m0 / p0, gram, data)
             g = torch.as_tensor(self.group)
-            ones = torch.ones(self.world_size, dtype=_DT)
+            ones = torch.ones(self.world_size, dtype=torch.float64)
             pooled = (torch.zeros_like(ones).index_add_(0, g, ones)[g] >= _MIN_GROUP).view(-1, 1)
             if bool(pooled.any()):
                 mu_p, cov_p = self._partial_pool(prior_prec, m0 / p0, gram, data, phi, y, prec, g)
@@ -277,6 +290,8 @@ class RankTimeModel:
         their group (their levels are noise, ``tau^2`` near 0); a unit that is truly faster
         than its group (unit-to-unit spread) keeps its own level.
         """
+        import torch
+
         sum_gram = torch.zeros_like(gram).index_add_(0, g, gram)[g]
         sum_data = torch.zeros_like(data).index_add_(0, g, data)[g]
         mu_g, cov_g = _solve(prior_prec, prior_rhs, sum_gram, sum_data)
@@ -309,6 +324,10 @@ class RankTimeModel:
         Raises:
             RuntimeError: Before the first observation.
         """
+        import torch
+
+        from lightning_rex.core.posterior import SplineAffineModel
+
         if self.scale is None:
             raise RuntimeError("the model has no observations yet")
         mu, cov = self._posterior()
@@ -316,15 +335,17 @@ class RankTimeModel:
         bad = mu[:, 1] <= 0
         if bool(bad.any()):
             mu, root = mu.clone(), root.clone()
-            last_b = torch.as_tensor(self.sizes[-1], dtype=_DT)[bad]
+            last_b = torch.as_tensor(self.sizes[-1], dtype=torch.float64)[bad]
             last_y = (
-                torch.as_tensor(self.medians[-1], dtype=_DT)[bad]
-                / torch.as_tensor(self.scale, dtype=_DT)[bad]
+                torch.as_tensor(self.medians[-1], dtype=torch.float64)[bad]
+                / torch.as_tensor(self.scale, dtype=torch.float64)[bad]
             )
             mu[bad] = 0.0
             mu[bad, 1] = last_y * self.b_ref / last_b
             root[bad] = 0.0
-        return SplineAffineModel(mu, root, self._features, torch.as_tensor(self.scale, dtype=_DT))
+        return SplineAffineModel(
+            mu, root, self._features, torch.as_tensor(self.scale, dtype=torch.float64)
+        )
 
     def predict_grid(
         self, sizes: np.ndarray, kappa: float = 0.0, var_points: int = 96
@@ -344,6 +365,10 @@ class RankTimeModel:
         Returns:
             ``(mean, quantile)``, both shape ``(N, G)`` in seconds.
         """
+        import torch
+
+        from lightning_rex.core.posterior import optimistic_quantile
+
         model = self.posterior_model()
         grid = torch.as_tensor(np.asarray(sizes, dtype=np.float64))
         mean = model.posterior(grid.unsqueeze(-1)).mean.squeeze(-1).numpy()
@@ -365,6 +390,8 @@ class RankTimeModel:
 
     def predict(self, plan: tuple[int, ...]) -> np.ndarray:
         """Posterior mean time of every rank at its size in ``plan``, seconds, shape (N,)."""
+        import torch
+
         x = torch.as_tensor(np.asarray(plan, dtype=np.float64)).reshape(-1, 1, 1)
         return self.posterior_model().posterior(x).mean.reshape(-1).numpy()
 

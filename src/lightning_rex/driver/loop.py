@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.controller import Decision
+from lightning_rex.core.decision import Decision
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.schedule import SizeBounds
 from lightning_rex.core.window import Window

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_rex.core.controller import Decision
+from lightning_rex.core.decision import Decision
 from lightning_rex.core.window import Window
 from lightning_rex.driver.protocols import Decider
 

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from lightning_rex.core.controller import Decision
+from lightning_rex.core.decision import Decision
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.schedule import PlanSchedule
 from lightning_rex.core.window import Window

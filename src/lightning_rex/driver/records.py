@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_rex.core.controller import Decision
+from lightning_rex.core.decision import Decision
 from lightning_rex.core.window import Window
 
 __all__ = ["DECISION_CODES", "DecisionLog", "build_record", "window_metrics"]

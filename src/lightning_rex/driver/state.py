@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.controller import Decision
+from lightning_rex.core.decision import Decision
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.planner import affine_plan
 from lightning_rex.core.schedule import SizeBounds

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.controller import Decision
+from lightning_rex.core.decision import Decision
 from lightning_rex.core.plan import Plan, even_plan
 from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.window import Window

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.controller import Controller
+from lightning_rex.core.decision import Decision
 from lightning_rex.core.looks import default_looks
 from lightning_rex.core.plan import Plan, round_fractions
 from lightning_rex.core.planner import (

@@ -1,21 +1,8 @@
-"""``python -m lightning_rex bench``: a real-run benchmark of ddp against rex.
+"""The benchmark's runs: a compute-bound model and real 2-process fits (``bench`` command).
 
-Every strategy runs in turn, in one invocation, on the same model and data, ``--repeat``
-times, interleaved (in reverse order on odd repeats), so that the ratios compare runs
-measured under the same machine load.
-Each run is a real 2-process Lightning fit with the fork start method (Lightning's own
-launcher), with the :class:`~lightning_rex.tools.emulator.HeterogeneityEmulator` slowing ranks down.
-
-The model is compute-bound: a weight-tied deep MLP (one ``width x width`` layer applied
-``depth`` times to each of a sample's ``tokens`` feature vectors, then mean-pooled), so it
-has many FLOPs per sample (about 38 MFLOP forward and backward) and few parameters (76k),
-and the gloo all-reduce does not drown the uneven split on two CPU cores. The global batch is
-``32 x devices``, as a ddp user would write it.
-
-Unless ``--no-pin``, each rank's threads are pinned to a core of their own (where the machine
-has a core per rank), as a cluster gives each rank its own GPU: unpinned, the scheduler moves
-two busy ranks and their helper threads between two cores and the run-to-run spread of a
-ratio grows from about 3% to about 6%. Pinning applies to every strategy alike.
+:mod:`lightning_rex.tools.bench_cli` holds the command line (it imports this module only to
+run, so that ``python -m lightning_rex --help`` does not load torch or Lightning); see it for
+what the benchmark measures and how.
 """
 
 from __future__ import annotations
@@ -25,10 +12,9 @@ import contextlib
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +26,11 @@ import lightning as L
 from lightning_rex.core.plan import round_fractions
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.strategy import RexStrategy
+from lightning_rex.tools.bench_cli import PER_RANK_BATCH, _log
 from lightning_rex.tools.emulator import HeterogeneityEmulator
 
-__all__ = ["BenchModel", "add_parser", "main", "run_benchmark"]
+__all__ = ["BenchModel", "default_plan", "pin_rank", "run_benchmark"]
 
-PER_RANK_BATCH = 32
 TOKENS = 16
 
 
@@ -265,7 +251,7 @@ def run_benchmark(
     """Run every strategy of ``args.compare`` ``args.repeat`` times, interleaved.
 
     Args:
-        args: The parsed command line (see :func:`add_parser`).
+        args: The parsed command line (see :func:`~lightning_rex.tools.bench_cli.add_parser`).
         progress: Called after every run with ``(runs done, runs in all, the run)``; by
             default a line per run goes to stderr.
 
@@ -312,151 +298,3 @@ def run_benchmark(
         result["ratios_rex_static"] = ratio("rex-static")
         result["ratio_rex_static_over_ddp"] = statistics.median(result["ratios_rex_static"])
     return result
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to fd 1 (this process and forked ranks) to stderr."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def _floats(text: str) -> list[float]:
-    return [float(v) for v in text.split(",") if v.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """Register the ``bench`` sub-command.
-
-    Args:
-        sub: The sub-parsers object of the top-level parser.
-
-    Returns:
-        The ``bench`` parser.
-    """
-    p = sub.add_parser(
-        "bench",
-        help="real 2-process CPU benchmark: ddp vs rex",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--compare",
-        type=lambda s: [x.strip() for x in s.split(",")],
-        default=["ddp", "rex"],
-        help="strategies to run, from ddp,rex,rex-static (default ddp,rex); rex-static is rex "
-        "with the fixed static plan, useful beside an --adaptive rex",
-    )
-    p.add_argument(
-        "--adaptive",
-        action="store_true",
-        help="rex starts from the even plan and adapts it with a RexCallback; "
-        "--micro-batch-sizes then applies to rex-static only",
-    )
-    p.add_argument("--window", type=int, default=30, help="RexCallback window (default 30)")
-    p.add_argument("--devices", type=int, default=2, help="CPU ranks (default 2)")
-    p.add_argument(
-        "--slowdowns",
-        type=_floats,
-        default=None,
-        help="per-rank emulated slowdowns, e.g. 1,3 (default: all 1)",
-    )
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
-    p.add_argument("--warmup", type=int, default=30, help="steps excluded from timing (default 30)")
-    p.add_argument(
-        "--micro-batch-sizes",
-        type=_ints,
-        default=None,
-        help="rex plan, e.g. 48,16 (default: proportional to 1/slowdown)",
-    )
-    p.add_argument(
-        "--events",
-        type=json.loads,
-        default=None,
-        help='emulated events as JSON: [{"ranks":[1],"start":100,"end":120,"factor":4}]',
-    )
-    p.add_argument("--repeat", type=int, default=1, help="interleaved repeats (default 1)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
-    p.add_argument(
-        "--no-pin",
-        dest="pin",
-        action="store_false",
-        help="do not pin each rank to a core of its own (pinned by default where there is a "
-        "core per rank)",
-    )
-    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
-    p.set_defaults(func=main)
-    return p
-
-
-def main(args: argparse.Namespace) -> int:
-    """Validate the arguments, run the benchmark and print the results.
-
-    Args:
-        args: The parsed command line.
-
-    Returns:
-        The exit code.
-    """
-    unknown = [s for s in args.compare if s not in ("ddp", "rex", "rex-static")]
-    if unknown:
-        raise SystemExit(f"--compare takes strategies from ddp,rex,rex-static; unknown: {unknown}")
-    if args.slowdowns is None:
-        args.slowdowns = [1.0] * args.devices
-    if len(args.slowdowns) != args.devices:
-        raise SystemExit(
-            f"--slowdowns needs {args.devices} values (one per device), got {args.slowdowns}"
-        )
-    if args.micro_batch_sizes is not None and (
-        len(args.micro_batch_sizes) != args.devices
-        or sum(args.micro_batch_sizes) != PER_RANK_BATCH * args.devices
-    ):
-        raise SystemExit(
-            f"--micro-batch-sizes needs {args.devices} values summing to "
-            f"{PER_RANK_BATCH * args.devices}"
-        )
-    if not 0 <= args.warmup < args.steps:
-        raise SystemExit(f"--warmup must be in [0, --steps), got {args.warmup}")
-    with _stdout_to_stderr():
-        result = run_benchmark(args)
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(f"{'strategy':8s} {'repeat':>6s} {'samples/s':>10s} {'step ms':>8s}  plan")
-    for r in result["runs"]:
-        print(
-            f"{r['strategy']:8s} {r['repeat']:6d} {r['samples_per_s']:10.1f} "
-            f"{r['step_ms_median']:8.2f}  {r['plan']}"
-        )
-    if "ratio_rex_over_ddp" in result:
-        rs = result["ratios"]
-        print(
-            f"rex/ddp throughput ratio: {result['ratio_rex_over_ddp']:.3f} (median of {len(rs)}; "
-            f"min {min(rs):.3f}, max {max(rs):.3f})"
-        )
-    for key, label in (
-        ("ratio_rex_static_over_ddp", "rex-static/ddp throughput ratio"),
-        ("ratio_rex_after_first_accept_over_ddp", "rex/ddp after the first accepted plan"),
-    ):
-        if key in result:
-            print(f"{label}: {result[key]:.3f}")
-    for r in result["runs"]:
-        if r.get("adaptive"):
-            print(f"rex repeat {r['repeat']} plan history: {r['plan_history']}")
-    return 0
