@@ -1,14 +1,24 @@
-"""Checking a saved :class:`~lightning_rex.core.controller.Controller` state, field by field."""
+"""The controller's working state: one object, its checks and its JSON round trip.
+
+:class:`ControllerState` holds everything the controller's state machine moves between
+windows (the plan in force, the phase, a change in flight, the windows kept as evidence);
+its methods are the transitions that reset several fields at once, so no field is reset by
+hand elsewhere. :func:`check_controller_state` checks a saved controller, field by field,
+before anything is loaded (every rank runs it; only rank 0 holds a controller).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
 
 from lightning_rex.core.model import RankTimeModel
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.state import (
     StateError,
-    field,
     flag,
     float_list,
     int_list,
@@ -17,11 +27,236 @@ from lightning_rex.core.state import (
     real,
     whole,
 )
+from lightning_rex.core.state import field as state_field
 
-if TYPE_CHECKING:
-    from lightning_rex.core.controller import Controller
+__all__ = ["BASELINE_WINDOWS", "ControllerState", "Phase", "check_controller_state"]
 
-__all__ = ["check_controller_state", "controller_state_dict", "load_controller_state"]
+BASELINE_WINDOWS = 4
+"""The most steady windows before a trigger that form a change's baseline."""
+
+Phase = Literal["steady", "validating", "rolling_back"]
+"""The state machine's phase: monitoring, validating a new plan, or waiting for a rollback."""
+
+
+@dataclass
+class ControllerState:
+    """What the controller's state machine carries from window to window.
+
+    Attributes:
+        global_batch: The global batch ``B`` the plans sum to.
+        plan: The plan the controller believes is in force (or about to be).
+        phase: ``"steady"``, ``"validating"`` or ``"rolling_back"``.
+        pending: The plan being validated.
+        previous: The plan before it (a rollback's target).
+        rejected: A plan rolled back, until the old plan is back in force.
+        predicted: The model's predicted step time of the plan being validated.
+        baseline: The old plan's per-step times a new plan is validated against.
+        recent: The last ``persistence`` steady windows' per-rank times, ``(N, K)`` each.
+        before: Per-step synchronous times of the steady windows under the plan in force
+            (oldest first): the next change's baseline.
+        changed: A rank's speed changed (a change point) in the windows that triggered the
+            proposal in flight.
+        trial: Per-step times of the windows measured so far under the plan being validated.
+        rolled_back: The last change was rolled back (gains must be twice as large).
+        reference: The per-rank medians when the plan in force was accepted.
+        fitted_at: The model's window count at the last hyperparameter fit (-1: never).
+        windows_seen: Whole windows observed.
+    """
+
+    global_batch: int
+    plan: Plan
+    phase: Phase = "steady"
+    pending: Plan | None = None
+    previous: Plan | None = None
+    rejected: Plan | None = None
+    predicted: float | None = None
+    baseline: list[float] | None = None
+    recent: list[list[list[float]]] = field(default_factory=list)
+    before: list[list[float]] = field(default_factory=list)
+    changed: bool = False
+    trial: list[list[float]] = field(default_factory=list)
+    rolled_back: bool = False
+    reference: list[float] | None = None
+    fitted_at: int = -1
+    windows_seen: int = 0
+
+    # ------------------------------------------------------------------ transitions
+    def restart(self, plan: Plan, global_batch: int | None = None) -> None:
+        """Put ``plan`` in force, steady, with no change in flight; the evidence is dropped.
+
+        Args:
+            plan: The plan now in force.
+            global_batch: Its global batch, when it moves (global batch scaling).
+        """
+        if global_batch is not None:
+            self.global_batch = int(global_batch)
+        self.plan, self.phase = plan, "steady"
+        self.pending = self.previous = self.rejected = None
+        self.predicted, self.baseline, self.reference = None, None, None
+        self.trial, self.changed, self.rolled_back = [], False, False
+        self.recent, self.before = [], []
+
+    def propose(self, plan: Plan, predicted: float, baseline: list[float]) -> None:
+        """A new plan goes out: validate it against ``baseline``."""
+        self.baseline = baseline
+        self.previous, self.pending, self.plan = self.plan, plan, plan
+        self.predicted = predicted
+        self.phase = "validating"
+        self.recent, self.before, self.changed, self.trial = [], [], False, []
+
+    def roll_back(self) -> Plan:
+        """The plan under validation failed: the previous one goes back out.
+
+        Returns:
+            The previous plan.
+        """
+        assert self.previous is not None
+        back = self.previous
+        self.rejected = self.pending
+        self.plan, self.pending, self.previous = back, None, None
+        self.phase = "rolling_back"
+        self.baseline, self.trial = None, []
+        self.recent, self.before = [], []
+        self.rolled_back = True
+        return back
+
+    def accept(
+        self, medians: list[float], trial: list[list[float]], last: list[list[float]]
+    ) -> None:
+        """The plan under validation is kept.
+
+        Args:
+            medians: The last window's per-rank medians (the new reference).
+            trial: The windows measured under it (the next change's baseline).
+            last: The last window's per-rank times.
+        """
+        self.pending, self.previous = None, None
+        self.phase = "steady"
+        self.rolled_back = False
+        self.baseline = None
+        self.before, self.trial = trial, []
+        self.recent = [last]
+        self.reference = medians
+
+    def mark_changes(self, flagged: list[int], model: RankTimeModel, min_effect: float) -> None:
+        """Flagged ranks whose curve changed get their older observations discounted.
+
+        A rank changed when its recent median moved by more than ``min_effect`` since the plan
+        was accepted, or sits that far from what the model predicts at its current size.
+
+        Args:
+            flagged: The ranks a persistent imbalance flagged.
+            model: The rank time model (it forgets the changed ranks' older windows).
+            min_effect: The practical effect threshold.
+        """
+        recent = np.median(np.concatenate([np.asarray(w) for w in self.recent], axis=1), axis=1)
+        thr = math.log1p(min_effect)
+        gap = np.abs(np.log(recent / model.predict(self.plan)))
+        if self.reference is not None:
+            gap = np.maximum(gap, np.abs(np.log(recent / np.asarray(self.reference))))
+        moved = [r for r in flagged if gap[r] > thr]
+        self.changed = bool(moved)
+        if moved:
+            self.rolled_back = False  # a new cluster: gains are worth proposing again
+            model.forget(moved, keep_last=len(self.recent))
+
+    def back_in_force(self, plan: Plan) -> None:
+        """A window under ``plan``: if it is the plan a rollback went back to, steady again."""
+        if self.phase == "rolling_back" and plan == self.plan:
+            self.phase, self.rejected = "steady", None
+
+    def decline(self) -> None:
+        """The last plan out will not be applied (see ``Controller.decline``)."""
+        if self.phase == "validating" and self.previous is not None:
+            self.plan = self.previous
+            self.pending, self.previous, self.baseline = None, None, None
+            self.phase = "steady"
+            self.recent, self.before, self.trial = [], [], []
+            self.changed = False
+        elif self.phase == "rolling_back" and self.rejected is not None:
+            self.plan, self.rejected = self.rejected, None
+            self.phase = "steady"
+            self.recent, self.before = [], []
+
+    def baseline_for(self, last: list[float], trigger: int, margin: float) -> list[float]:
+        """The old plan's per-step times that a new plan is validated against.
+
+        The windows that triggered the proposal were selected for looking imbalanced, and
+        regression to the mean would flatter any change measured against them. So the
+        baseline is the (up to ``BASELINE_WINDOWS``) steady windows under the old plan
+        *before* the trigger. Exceptions, where those windows do not measure the cluster the
+        new plan runs on: a rank's speed changed (a change point was marked), the step time
+        under the old plan moved by more than the margin between them and the trigger (a
+        drift too slow for a change point), or there are none (cold start, a refinement
+        right after a validation). Then the trigger windows are the baseline.
+
+        Args:
+            last: The last window's per-step times (the baseline when nothing else is).
+            trigger: The windows that triggered the proposal (the last of ``before``).
+            margin: The non-inferiority margin.
+
+        Returns:
+            Per-step synchronous times.
+        """
+        before = self.before[: max(0, len(self.before) - trigger)][-BASELINE_WINDOWS:]
+        trig = self.before[-trigger:] if trigger > 0 else []
+        flat_trig = [t for w in trig for t in w] or last
+        if not before or self.changed:
+            return flat_trig
+        flat = [t for w in before for t in w]
+        moved = abs(float(np.mean(np.log(flat_trig)) - np.mean(np.log(flat))))
+        return flat_trig if moved > math.log1p(margin) else flat
+
+    # ------------------------------------------------------------------ round trip
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able fields, under the names checkpoints have always used."""
+        return {
+            "global_batch": self.global_batch,
+            "plan": list(self.plan),
+            "state": self.phase,
+            "pending": None if self.pending is None else list(self.pending),
+            "previous": None if self.previous is None else list(self.previous),
+            "rejected": None if self.rejected is None else list(self.rejected),
+            "predicted": self.predicted,
+            "baseline": self.baseline,
+            "recent": self.recent,
+            "fitted_at": self.fitted_at,
+            "reference": self.reference,
+            "windows_seen": self.windows_seen,
+            "before": self.before,
+            "trial": self.trial,
+            "rolled_back": self.rolled_back,
+            "changed": self.changed,
+        }
+
+    @classmethod
+    def from_checked(cls, s: dict[str, Any]) -> ControllerState:
+        """Build from :func:`check_controller_state` output.
+
+        Args:
+            s: The checked state.
+
+        Returns:
+            The state.
+        """
+        return cls(
+            global_batch=sum(s["plan"]),
+            plan=s["plan"],
+            phase=s["state"],
+            pending=s["pending"],
+            previous=s["previous"],
+            rejected=s["rejected"],
+            predicted=s["predicted"],
+            baseline=s["baseline"],
+            recent=s["recent"],
+            before=s["before"],
+            changed=s["changed"],
+            trial=s["trial"],
+            rolled_back=s["rolled_back"],
+            reference=s["reference"],
+            fitted_at=s["fitted_at"],
+            windows_seen=s["windows_seen"],
+        )
 
 
 def check_controller_state(
@@ -48,14 +283,14 @@ def check_controller_state(
         global_batch = whole(d["global_batch"], f"{name}.global_batch", world_size)
 
     def plan(key: str) -> Plan | None:
-        v = optional(field(d, key, name), int_list, f"{name}.{key}", world_size, 1)
+        v = optional(state_field(d, key, name), int_list, f"{name}.{key}", world_size, 1)
         if v is not None and sum(v) != global_batch:
             raise StateError(
                 f"{name}.{key}", f"must sum to the global batch B={global_batch}, got {sum(v)}"
             )
         return None if v is None else tuple(v)
 
-    state = field(d, "state", name)
+    state = state_field(d, "state", name)
     if state not in ("steady", "validating", "rolling_back"):
         raise StateError(f"{name}.state", f"must be steady, validating or rolling_back: {state!r}")
     out: dict[str, Any] = {"state": state, "plan": plan("plan")}
@@ -64,21 +299,21 @@ def check_controller_state(
     out["rejected"] = plan("rejected") if "rejected" in d else None
     if state == "validating" and (out["pending"] is None or out["previous"] is None):
         raise StateError(f"{name}.pending", "and previous must be plans while validating")
-    out["predicted"] = optional(field(d, "predicted", name), real, f"{name}.predicted", True)
+    out["predicted"] = optional(state_field(d, "predicted", name), real, f"{name}.predicted", True)
     out["baseline"] = optional(
-        field(d, "baseline", name), float_list, f"{name}.baseline", None, True
+        state_field(d, "baseline", name), float_list, f"{name}.baseline", None, True
     )
-    recent = field(d, "recent", name)
+    recent = state_field(d, "recent", name)
     if not isinstance(recent, list):
         raise StateError(f"{name}.recent", "must be a list of windows")
     out["recent"] = [
         matrix(w, f"{name}.recent[{i}]", world_size, None, True) for i, w in enumerate(recent)
     ]
-    out["fitted_at"] = whole(field(d, "fitted_at", name), f"{name}.fitted_at", -1)
+    out["fitted_at"] = whole(state_field(d, "fitted_at", name), f"{name}.fitted_at", -1)
     out["reference"] = optional(
-        field(d, "reference", name), float_list, f"{name}.reference", world_size, True
+        state_field(d, "reference", name), float_list, f"{name}.reference", world_size, True
     )
-    out["windows_seen"] = whole(field(d, "windows_seen", name), f"{name}.windows_seen", 0)
+    out["windows_seen"] = whole(state_field(d, "windows_seen", name), f"{name}.windows_seen", 0)
     # windows differ in length (the driver drops unusable steps): each row checked alone
     out["before"] = _rows(d.get("before", []), f"{name}.before")
     out["changed"] = flag(d.get("changed", False), f"{name}.changed")
@@ -89,23 +324,23 @@ def check_controller_state(
         raise StateError(f"{name}.segments", "must be a list of the window's segments")
     for i, seg in enumerate(segs):
         where = f"{name}.segments[{i}]"
-        matrix(field(seg, "times", where), f"{where}.times", world_size, None, True)
-        sizes = int_list(field(seg, "plan", where), f"{where}.plan", world_size, 1)
+        matrix(state_field(seg, "times", where), f"{where}.times", world_size, None, True)
+        sizes = int_list(state_field(seg, "plan", where), f"{where}.plan", world_size, 1)
         if sum(sizes) != global_batch:
             raise StateError(
                 f"{where}.plan", f"must sum to the global batch B={global_batch}, got {sum(sizes)}"
             )
-        first = whole(field(seg, "start", where), f"{where}.start", 0)
-        whole(field(seg, "end", where), f"{where}.end", first + 1)
+        first = whole(state_field(seg, "start", where), f"{where}.start", 0)
+        whole(state_field(seg, "end", where), f"{where}.end", first + 1)
     hist = d.get("history", {"z": [], "plans": []})  # absent from checkpoints before it existed
     if not isinstance(hist, dict):
         raise StateError(f"{name}.history", "must be a mapping")
-    plans = field(hist, "plans", f"{name}.history")
+    plans = state_field(hist, "plans", f"{name}.history")
     if not isinstance(plans, list):
         raise StateError(f"{name}.history.plans", "must be a list of plans and lengths")
     out["history"] = {
         "z": matrix(
-            field(hist, "z", f"{name}.history"), f"{name}.history.z", len(plans), world_size
+            state_field(hist, "z", f"{name}.history"), f"{name}.history.z", len(plans), world_size
         ),
         "plans": [  # each: the window's plan, then its length
             int_list(p, f"{name}.history.plans[{i}]", world_size + 1, 0)
@@ -114,13 +349,15 @@ def check_controller_state(
     }
     # every rank gets at least min_size samples of B
     out["min_size"] = whole(
-        field(d, "min_size", name), f"{name}.min_size", 1, max(1, global_batch // world_size)
+        state_field(d, "min_size", name), f"{name}.min_size", 1, max(1, global_batch // world_size)
     )
-    caps = field(d, "max_sizes", name)
+    caps = state_field(d, "max_sizes", name)
     if caps is not None:
         caps = _caps(caps, f"{name}.max_sizes", world_size)
     out["max_sizes"] = caps
-    out["model"] = RankTimeModel.check_state(field(d, "model", name), world_size, f"{name}.model")
+    out["model"] = RankTimeModel.check_state(
+        state_field(d, "model", name), world_size, f"{name}.model"
+    )
     return out
 
 
@@ -134,76 +371,3 @@ def _caps(v: Any, name: str, world_size: int) -> list[int | None]:
     if not isinstance(v, list) or len(v) != world_size:
         raise StateError(name, f"must be a list of {world_size} caps (null for none)")
     return [None if c is None else whole(c, f"{name}[{i}]", 1) for i, c in enumerate(v)]
-
-
-# The controller's state round trip lives here, next to its check: this module is the
-# controller's own (it reads and writes the controller's private fields by design).
-def controller_state_dict(c: Controller) -> dict[str, Any]:
-    """A controller's full state as JSON-able data (``Controller.state_dict``).
-
-    Args:
-        c: The controller.
-
-    Returns:
-        The state (configuration is not included).
-    """
-    return {
-        "global_batch": c.global_batch,
-        "plan": list(c._plan),
-        "state": c._state,
-        "pending": None if c._pending is None else list(c._pending),
-        "previous": None if c._previous is None else list(c._previous),
-        "rejected": None if c._rejected is None else list(c._rejected),
-        "predicted": c._predicted,
-        "baseline": c._baseline,
-        "recent": c._recent,
-        "fitted_at": c._fitted_at,
-        "reference": c._reference,
-        "windows_seen": c.windows_seen,
-        "history": c._history.state_dict(),
-        "before": c._before,
-        "trial": c._trial,
-        "rolled_back": c._rolled_back,
-        "changed": c._changed,
-        "segments": [] if c._segments is None else c._segments.state_dict(),
-        "min_size": c.min_size,
-        "max_sizes": c.max_sizes,
-        "model": c.model.state_dict(),
-    }
-
-
-def load_controller_state(ctl: Controller, d: dict[str, Any]) -> None:
-    """Restore ``Controller.state_dict`` output into ``ctl`` (``Controller.load_state_dict``).
-
-    Args:
-        ctl: A controller built with the same arguments.
-        d: The saved state (possibly through a JSON round trip).
-
-    Raises:
-        StateError: Naming the field, when the state does not fit the controller.
-    """
-    s = check_controller_state(d, ctl.global_batch, ctl.world_size)
-    ctl.global_batch = sum(s["plan"])
-    try:
-        ctl.set_bounds(s["min_size"], s["max_sizes"])
-    except ValueError as err:
-        raise StateError("controller.max_sizes", str(err)) from None
-    ctl._plan = s["plan"]
-    ctl._state = s["state"]
-    ctl._pending, ctl._previous = s["pending"], s["previous"]
-    ctl._rejected = s["rejected"]
-    ctl._predicted = s["predicted"]
-    ctl._baseline = s["baseline"]
-    ctl._recent = s["recent"]
-    ctl._fitted_at = s["fitted_at"]
-    ctl._reference = s["reference"]
-    ctl.windows_seen = s["windows_seen"]
-    ctl._history.load_state_dict(s["history"])
-    ctl._before, ctl._changed, ctl._trial = s["before"], s["changed"], s["trial"]
-    ctl._rolled_back = s["rolled_back"]
-    if ctl._segments is not None:
-        try:
-            ctl._segments.load_state_dict(d.get("segments", []))
-        except (KeyError, TypeError, ValueError) as err:
-            raise StateError("controller.segments", str(err)) from None
-    ctl.model.load_state_dict(s["model"])

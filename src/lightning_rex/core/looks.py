@@ -28,18 +28,24 @@ truly slower than the margin stays below ``1 - confidence`` over all looks toget
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lightning_rex.core.persistence import cold_start_ranks, persistent_ranks, pointing
 from lightning_rex.core.significance import ending_p_value, imbalance_test
+from lightning_rex.core.validation import non_inferiority
 from lightning_rex.core.window import Window
+
+if TYPE_CHECKING:
+    from lightning_rex.core.controller_state import ControllerState
+    from lightning_rex.core.settings import DecisionSettings
 
 __all__ = [
     "EARLY_LEVEL",
+    "Looks",
     "SegmentBuffer",
-    "default_looks",
+    "closes_early",
     "early_imbalance",
     "validation_confidences",
 ]
@@ -50,18 +56,6 @@ _EARLY_EFFECT = 2.0
 """An early look's practical effect, as a multiple of ``min_effect``."""
 _EARLY_SHARE = 0.2
 """The share of validation's error budget spent on its early looks."""
-
-
-def default_looks(window: int) -> int:
-    """Looks per window when none is asked for: up to 3, with segments of >= 10 steps.
-
-    Args:
-        window: Steps per window.
-
-    Returns:
-        ``max(1, min(3, window // 10))``: 3 for the default window of 30, 1 below 20.
-    """
-    return max(1, min(3, int(window) // 10))
 
 
 class SegmentBuffer:
@@ -218,3 +212,147 @@ def validation_confidences(confidence: float, looks: int, whole_looks: int) -> t
         return 1.0, 1.0 - budget / whole_looks
     early = budget * _EARLY_SHARE / (whole_looks * (looks - 1))
     return 1.0 - early, 1.0 - budget * (1.0 - _EARLY_SHARE) / whole_looks
+
+
+def closes_early(
+    state: ControllerState,
+    partial: Window,
+    settings: DecisionSettings,
+    window_steps: int,
+    floors: tuple[float, float],
+    confidence: float,
+) -> bool:
+    """Whether a partial window's evidence is clear enough to close the window now.
+
+    Args:
+        state: The controller's state (its phase, baseline, trial and recent windows).
+        partial: The window so far.
+        settings: The decision parameters.
+        window_steps: Steps of a whole window.
+        floors: Long-run variance factors from earlier windows.
+        confidence: An early validation look's confidence.
+
+    Returns:
+        While validating: the plan is shown within the margin, or shown worse. While
+        steady: :func:`early_imbalance` flags a rank.
+    """
+    if state.phase == "validating":
+        if state.baseline is None or partial.n_steps < 2 or len(state.baseline) < 2:
+            return False
+        trial = [t for w in state.trial for t in w] + partial.step_max.tolist()
+        ni = non_inferiority(
+            np.asarray(trial),
+            np.asarray(state.baseline),
+            margin=settings.margin,
+            confidence=confidence,
+        )
+        return ni.non_inferior or ni.lower > ni.bound
+    cold = state.reference is None and state.windows_seen == 0
+    need = 1 if cold else settings.persistence
+    # with more than one window needed, half a window first: a straggler shorter than
+    # about (persistence - 1/2) windows is never acted on early
+    if need > 1 and (len(state.recent) < need - 1 or 2 * partial.n_steps < window_steps):
+        return False
+    wins = [np.asarray(w) for w in state.recent[len(state.recent) - need + 1 :]]
+    return bool(
+        early_imbalance(
+            [*wins, partial.times],
+            cold=cold,
+            alpha=settings.alpha,
+            min_effect=settings.min_effect,
+            consistency=settings.consistency,
+            ending_alpha=settings.ending_alpha,
+            floors=floors,
+        )
+    )
+
+
+class Looks:
+    """A controller's looks per window: the segments joined so far and each look's level.
+
+    Args:
+        looks: Looks per window (1: whole windows only).
+        window_steps: Steps of a whole window; required when ``looks > 1``.
+        validation_confidence: The validation's one-sided confidence over all its looks.
+
+    Raises:
+        ValueError: For ``looks < 1``, or ``looks > 1`` without ``window_steps``.
+    """
+
+    def __init__(self, looks: int, window_steps: int | None, validation_confidence: float) -> None:
+        from lightning_rex.core.validating import MAX_WINDOWS
+
+        if int(looks) != looks or looks < 1:
+            raise ValueError(f"looks must be an integer >= 1, got {looks}")
+        if looks > 1 and window_steps is None:
+            raise ValueError("window_steps is required when looks > 1")
+        self.looks = int(looks)
+        # a whole window is `looks` segments of `window_steps // looks` steps, as the loop
+        # gathers them
+        whole = self.looks * (int(window_steps or 0) // self.looks)
+        self.segments = None if looks == 1 else SegmentBuffer(whole)
+        self.early_conf, self.whole_conf = validation_confidences(
+            validation_confidence, self.looks, MAX_WINDOWS
+        )
+
+    @property
+    def window_steps(self) -> int:
+        """Steps of a whole window (0 with one look per window)."""
+        return 0 if self.segments is None else self.segments.window_steps
+
+    def clear(self) -> None:
+        """Drop the segments held (a plan change, a restart)."""
+        if self.segments is not None:
+            self.segments.clear()
+
+    def take(
+        self,
+        state: ControllerState,
+        window: Window,
+        settings: DecisionSettings,
+        floors: tuple[float, float],
+    ) -> tuple[Window | None, Window]:
+        """The window to decide on now, if any, and the window so far.
+
+        Args:
+            state: The controller's state.
+            window: A segment (or, with one look, a whole window).
+            settings: The decision parameters.
+            floors: Long-run variance factors from earlier windows.
+
+        Returns:
+            ``(window to decide on or None, the partial window)``: a whole window, one
+            closed early (:func:`closes_early`), or a window of a plan that is not being
+            measured (a rollback or proposal not yet in force, a plan set outside), which
+            the state machine takes as it is.
+        """
+        if self.segments is None:
+            return window, window
+        measuring = state.pending if state.phase == "validating" else state.plan
+        if state.phase == "rolling_back" or window.plan != measuring:
+            self.segments.clear()
+            return window, window
+        partial = self.segments.add(window)
+        whole = self.segments.window_steps
+        if partial.n_steps >= whole or closes_early(
+            state, partial, settings, whole, floors, self.early_conf
+        ):
+            self.segments.clear()
+            return partial, partial
+        return None, partial
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """The segments held, as JSON-able data."""
+        return [] if self.segments is None else self.segments.state_dict()
+
+    def load_state_dict(self, d: Any) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Args:
+            d: The saved segments.
+
+        Raises:
+            ValueError: If a saved segment is malformed.
+        """
+        if self.segments is not None:
+            self.segments.load_state_dict(d)

@@ -22,7 +22,7 @@ from lightning_rex.core.significance import (
     imbalance_test,
 )
 
-__all__ = ["COLD_START_LEVEL", "cold_start_ranks", "persistent_ranks", "pointing"]
+__all__ = ["COLD_START_LEVEL", "cold_start_ranks", "persistent_ranks", "pointing", "triggered"]
 
 COLD_START_LEVEL = 5.0
 """The family-wise level at cold start, as a multiple of ``alpha``."""
@@ -134,3 +134,59 @@ def persistent_ranks(
         faded = effect_drop_z(list(wins), slower=slow)[ok] > stats.norm.isf(consistency)
         out += [r for r, v in zip(ok, stops | starts | faded) if not v]
     return sorted(out)
+
+
+def triggered(
+    recent: Sequence[np.ndarray],
+    sig: ImbalanceResult,
+    *,
+    cold: bool,
+    persistence: int,
+    alpha: float,
+    min_effect: float,
+    consistency: float,
+    ending_alpha: float,
+    floors: tuple[float, float],
+) -> tuple[list[int], str]:
+    """The ranks whose imbalance calls for a proposal after a steady window, and why.
+
+    Args:
+        recent: The last steady windows' times, oldest first, the latest last.
+        sig: The latest window's test.
+        cold: Cold start (the initial plan is a guess): one window counts, at the cold
+            start level (:func:`cold_start_ranks`).
+        persistence: Windows the imbalance must hold otherwise (:func:`persistent_ranks`).
+        alpha: The family-wise level.
+        min_effect: The practical effect threshold.
+        consistency: The raw p-value each window must reach on its own.
+        ending_alpha: The level of the veto for a straggler ending or starting inside the
+            latest window.
+        floors: Long-run variance factors from earlier windows.
+
+    Returns:
+        ``(flagged ranks, reason)``: no ranks (a hold) with the reason for holding, or the
+        ranks with the reason for proposing.
+    """
+    held = "imbalanced" if sig.imbalanced else "balanced"
+    need = 1 if cold else persistence
+    if len(recent) < need:
+        return [], held
+    transient = "transient imbalance" if sig.imbalanced else "balanced"
+    # persistent_ranks flags a rank only if every window, this one included, points at it
+    # on its own: when this window points at no rank, skip the pooled tests (same result,
+    # and most windows of a balanced run end here cheaply)
+    if not bool(pointing(sig, consistency, min_effect).any()):
+        return [], transient
+    if cold:
+        flagged = cold_start_ranks(sig, alpha, min_effect)
+        why = f"imbalance at cold start on ranks {flagged[:8]}"
+        return flagged, why if flagged else "balanced at cold start"
+    flagged = persistent_ranks(
+        list(recent[-need:]),
+        alpha=alpha,
+        min_effect=min_effect,
+        consistency=consistency,
+        ending_alpha=ending_alpha,
+        floors=floors,
+    )
+    return flagged, f"persistent imbalance on ranks {flagged[:8]}" if flagged else transient

@@ -19,6 +19,29 @@ from lightning_rex.core.planner import size_horizon, water_fill
 __all__ = ["best_plan_for", "propose_plan"]
 
 
+def refit_when_due(model: RankTimeModel, fitted_at: int) -> int:
+    """Refit the model's hyperparameters when due; the window count of the last fit.
+
+    Only once there is data to fit them to (6 windows held), and then when the windows seen
+    since have doubled, or grown by 20: they move slowly, and a BoTorch fit (a few hundred
+    ms of CPU) dominates a proposal's cost.
+
+    Args:
+        model: The rank time model.
+        fitted_at: ``model.n_added`` at the last fit (-1: never).
+
+    Returns:
+        ``fitted_at``, moved on when a fit ran.
+    """
+    added = model.n_added
+    if model.n_obs >= 6 and (fitted_at < 0 or added >= min(2 * fitted_at, fitted_at + 20)):
+        fits = model.n_fits
+        model.fit_hyperparameters()
+        if model.n_fits != fits:  # it ran (it skips data with one size per rank)
+            return added
+    return fitted_at
+
+
 def best_plan_for(
     model: RankTimeModel, lo: np.ndarray, hi: np.ndarray, global_batch: int
 ) -> tuple[Plan, float]:

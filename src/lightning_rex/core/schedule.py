@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,11 +27,16 @@ __all__ = ["PlanSchedule", "SizeBounds"]
 
 @dataclass(frozen=True)
 class SizeBounds:
-    """The micro-batch sizes any plan may give a rank.
+    """The micro-batch sizes any plan may give a rank: the one bounds type of the package.
+
+    The user's bounds (``min_micro_batch_size``, ``max_micro_batch_size``) and, on top, the
+    per-rank caps measured at run time (free memory); :meth:`arrays` resolves them into the
+    planner's per-rank ``(lo, hi)`` arrays for a global batch.
 
     Args:
         min_size: The smallest size (``min_micro_batch_size``), >= 1.
         max_size: The largest size (``max_micro_batch_size``) for every rank, or None.
+        rank_caps: Per-rank caps (None entries for none), or None.
 
     Raises:
         ValueError: Naming the argument, for a minimum below 1 or a maximum below the minimum.
@@ -39,6 +44,7 @@ class SizeBounds:
 
     min_size: int = 1
     max_size: int | None = None
+    rank_caps: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.min_size, bool) or int(self.min_size) != self.min_size:
@@ -62,9 +68,39 @@ class SizeBounds:
             world_size: The number of ranks.
 
         Returns:
-            ``[max_size] * world_size``.
+            Each rank's smaller of ``max_size`` and its own cap.
         """
-        return [self.max_size] * world_size
+        if self.rank_caps is None:
+            return [self.max_size] * world_size
+        return [
+            c if self.max_size is None else (self.max_size if c is None else min(c, self.max_size))
+            for c in self.rank_caps
+        ]
+
+    def with_caps(self, rank_caps: Sequence[int | None] | None) -> SizeBounds:
+        """These bounds with other per-rank caps.
+
+        Args:
+            rank_caps: Per-rank caps (None entries for none), or None.
+
+        Returns:
+            The new bounds.
+        """
+        return replace(self, rank_caps=None if rank_caps is None else tuple(rank_caps))
+
+    def holds(self, plan: Sequence[int], global_batch: int) -> bool:
+        """Whether every rank's size of ``plan`` lies within the bounds for ``global_batch``.
+
+        Args:
+            plan: The per-rank sizes.
+            global_batch: The global batch the bounds are resolved for.
+
+        Returns:
+            True when ``lo <= plan <= hi`` rank by rank.
+        """
+        lo, hi = resolve_bounds(len(plan), global_batch, self.min_size, self.caps(len(plan)))
+        b = np.asarray(plan)
+        return bool(np.all(b >= lo) and np.all(b <= hi))
 
     def check_feasible(self, global_batch: int, world_size: int) -> None:
         """Check that some plan of ``global_batch`` over ``world_size`` ranks fits the bounds.

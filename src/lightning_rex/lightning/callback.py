@@ -28,10 +28,10 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_rex.core.batch_scaling import BatchScaler, GlobalBatchScaling
 from lightning_rex.core.controller import Controller
-from lightning_rex.core.looks import default_looks
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.scaling_decider import ScalingDecider
 from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.settings import default_looks
 from lightning_rex.driver.exchange import ExchangeMessage
 from lightning_rex.driver.loop import LoopConfig, WindowDriver
 from lightning_rex.driver.protocols import PlanTarget, ScheduleTarget

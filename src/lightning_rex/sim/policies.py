@@ -30,7 +30,6 @@ import numpy as np
 
 from lightning_rex.core.controller import Controller
 from lightning_rex.core.decision import Decision
-from lightning_rex.core.looks import default_looks
 from lightning_rex.core.plan import Plan, round_fractions
 from lightning_rex.core.planner import (
     affine_plan,
@@ -39,6 +38,7 @@ from lightning_rex.core.planner import (
     size_horizon,
     water_fill,
 )
+from lightning_rex.core.settings import default_looks
 from lightning_rex.core.window import Window
 from lightning_rex.sim.scenario import Scenario
 

@@ -1,0 +1,129 @@
+"""Every parameter of REX's decisions, with its default, in one frozen object.
+
+:class:`DecisionSettings` is where the defaults live: the controller reads its parameters
+from it, :class:`~lightning_rex.RexCallback` builds one from its arguments, and the
+simulator's rex policy from its own; :func:`~lightning_rex.core.build.build_decider` turns
+settings into the decider both run. A parameter's default is written here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_rex.core.batch_scaling import GlobalBatchScaling
+
+__all__ = ["DecisionSettings", "default_looks"]
+
+
+def default_looks(window: int) -> int:
+    """Looks per window when none is asked for: up to 3, with segments of >= 10 steps.
+
+    Args:
+        window: Steps per window.
+
+    Returns:
+        ``max(1, min(3, window // 10))``: 3 for the default window of 30, 1 below 20.
+    """
+    return max(1, min(3, int(window) // 10))
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class DecisionSettings:
+    """The controller's parameters (and global batch scaling's, when it is on).
+
+    Args:
+        alpha: Family-wise significance level of the imbalance test, in (0, 1).
+        min_effect: Practical effect threshold on the median ratio (>= 0; 5%).
+        persistence: Consecutive imbalanced windows before a rescale (>= 1).
+        consistency: Raw one-sided p-value each of the ``persistence`` windows must reach on
+            its own for the flagged rank, in (0, 1).
+        ending_alpha: Level of the veto that calls an imbalance transient when it ends (or
+            starts) inside the latest window, in (0, 1).
+        min_gain: Smallest predicted relative step-time gain worth a proposal (twice this
+            after a rollback, until a plan is accepted), >= 0.
+        margin: Non-inferiority margin of a new plan's validation (>= 0).
+        validation_confidence: One-sided confidence of that bound, in (0, 1).
+        tolerance: A new plan is also rolled back when its measured step time exceeds the
+            prediction by more than this fraction (plus a noise allowance), >= 0.
+        explore: Exploration width: the planner uses ``mean - explore / sqrt(n) * sd``.
+        explore_slack: The exploring plan is used only while its posterior-mean step time
+            is within this fraction of the best posterior-mean plan's.
+        num_basis: Spline basis functions of the rank time model (>= 4).
+        memory: Age in windows at which old observations' weight has dropped by ``e``.
+        seed: Seed for everything random (hyperparameter-fit subsets).
+        window: Steps per whole window (>= 5, or 2 with one look).
+        looks: Looks per window: segments of ``window // looks`` steps are gathered and
+            looked at; None for the default for the window
+            (:func:`default_looks`: 3 at 30 steps).
+        pool_by_device: Ranks on devices of the same identity share evidence in the time
+            model (groups of 4 or more).
+        global_batch: Global batch scaling's settings, or None (off).
+
+    Raises:
+        ValueError: Naming the argument, for a value outside its range.
+    """
+
+    alpha: float = 0.01
+    min_effect: float = 0.05
+    persistence: int = 2
+    consistency: float = 0.01
+    ending_alpha: float = 0.05
+    min_gain: float = 0.02
+    margin: float = 0.02
+    validation_confidence: float = 0.95
+    tolerance: float = 0.10
+    explore: float = 0.5
+    explore_slack: float = 0.03
+    num_basis: int = 16
+    memory: float = 12.0
+    seed: int = 0
+    window: int = 30
+    looks: int | None = None
+    pool_by_device: bool = True
+    global_batch: GlobalBatchScaling | None = None
+
+    def __post_init__(self) -> None:
+        unit = ("alpha", "consistency", "ending_alpha", "validation_confidence")
+        for name in unit:
+            v = getattr(self, name)
+            if not (_number(v) and 0.0 < v < 1.0):
+                raise ValueError(f"{name} must be in (0, 1), got {v!r}")
+        for name in ("min_effect", "min_gain", "margin", "tolerance", "explore", "explore_slack"):
+            v = getattr(self, name)
+            if not (_number(v) and v >= 0.0):
+                raise ValueError(f"{name} must be >= 0 (a finite number), got {v!r}")
+        if not (_number(self.memory) and self.memory > 0.0):
+            raise ValueError(f"memory must be a finite number > 0, got {self.memory!r}")
+        if not (_integer(self.persistence) and self.persistence >= 1):
+            raise ValueError(
+                f"persistence must be an integer >= 1 window, got {self.persistence!r}"
+            )
+        if not (_integer(self.num_basis) and self.num_basis >= 4):
+            raise ValueError(f"num_basis must be an integer >= 4, got {self.num_basis!r}")
+        if not _integer(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not (_integer(self.window) and self.window >= 2):
+            raise ValueError(f"window must be an integer >= 2 steps, got {self.window!r}")
+        if self.looks is not None and not (_integer(self.looks) and self.looks >= 1):
+            raise ValueError(f"looks must be an integer >= 1 or None, got {self.looks!r}")
+        if not isinstance(self.pool_by_device, bool):
+            raise ValueError(f"pool_by_device must be True or False, got {self.pool_by_device!r}")
+        if self.global_batch is not None and not isinstance(self.global_batch, GlobalBatchScaling):
+            raise ValueError(
+                f"global_batch must be a GlobalBatchScaling or None, got {type(self.global_batch)}"
+            )
+
+    @property
+    def looks_per_window(self) -> int:
+        """``looks``, or the default for the window."""
+        return default_looks(self.window) if self.looks is None else int(self.looks)
