@@ -185,16 +185,18 @@ def test_throttle_reasons() -> None:
 
 
 def test_pool_by_device_passes_the_gathered_device_keys_to_the_controller():
-    from types import SimpleNamespace
+    from lightning_rex.core.build import build_decider
 
     cb = RexCallback()
-    cb.driver = SimpleNamespace(device_keys=["NVIDIA A100", "NVIDIA A100", "Tesla T4", "cpu"])
-    c = cb._make_controller((16, 16, 16, 16), SizeBounds(1, None))
+    keys = ["NVIDIA A100", "NVIDIA A100", "Tesla T4", "cpu"]
+    c = build_decider(cb.settings, (16, 16, 16, 16), 64, SizeBounds(1, None), keys)
     assert list(c.model.group) == [0, 0, 2, 3]
-    assert cb._device_groups(3) is None  # keys that do not cover the plan: no pooling
+    # keys that do not cover the plan: no pooling
+    c = build_decider(cb.settings, (16, 16, 16, 16), 64, SizeBounds(1, None), keys[:3])
+    assert list(c.model.group) == [0, 1, 2, 3]
     off = RexCallback(pool_by_device=False)
-    off.driver = cb.driver
-    assert off._device_groups(4) is None
+    c = build_decider(off.settings, (16, 16, 16, 16), 64, SizeBounds(1, None), keys)
+    assert list(c.model.group) == [0, 1, 2, 3]
 
 
 def test_cli_yaml_global_batch_scaling(tmp_path: Path) -> None:

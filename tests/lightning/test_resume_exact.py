@@ -16,7 +16,7 @@ from tests.helpers.timing import with_step_times
 from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader
 
-import lightning_rex.lightning.callback as callback_module
+import lightning_rex.lightning.session as session_module
 from lightning_rex import RexCallback, RexStrategy
 
 pytestmark = pytest.mark.distributed
@@ -68,7 +68,7 @@ def _rates(rank: int, step: int, b: int) -> float:
 
 def _two_then_three(rank: int, tmp: str, ckpt: str | None) -> dict[str, Any]:
     # CPU ranks all report "cpu": give them the identities of two GPU kinds
-    callback_module.device_key = lambda device, telemetry: _key(rank)  # type: ignore[assignment]
+    session_module.device_key = lambda device, telemetry: _key(rank)  # type: ignore[assignment]
     cb = with_step_times(_rates, window=10, background=False)
     ck = [ModelCheckpoint(dirpath=tmp, every_n_train_steps=80, save_top_k=-1)] if not ckpt else []
     t = quiet_trainer(

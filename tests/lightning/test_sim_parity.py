@@ -23,6 +23,7 @@ from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader
 
 from lightning_rex import RexCallback, RexStrategy
+from lightning_rex.core.build import build_decider
 from lightning_rex.core.schedule import SizeBounds
 from lightning_rex.sim import run_loop
 
@@ -67,7 +68,7 @@ def _train(rank: int, root: str) -> dict[str, Any]:
 def test_same_step_times_same_decisions(tmp_path: Path) -> None:
     trained = run_distributed(_train, str(tmp_path))
     cb = RexCallback(window=WINDOW, background=False)
-    decider = cb._make_controller((B // 2, B // 2), SizeBounds())
+    decider = build_decider(cb.settings, (B // 2, B // 2), B, SizeBounds())
 
     def times(step: int, plan: np.ndarray) -> np.ndarray:
         return np.array([recorded(r, step, int(plan[r])) for r in range(2)])

@@ -7,7 +7,6 @@ ranks, rank 1 slowing down 1.6x halfway; ``data/make_rex_decisions.py`` regenera
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import shutil
 import struct
@@ -146,16 +145,9 @@ def test_many_ranks_and_a_changing_global_batch(tmp_path, capsys):
 
 
 def test_default_alpha_is_the_controllers():
-    src = Path(report.__file__).parents[1] / "core" / "controller.py"
-    tree = ast.parse(src.read_text())
-    init = next(
-        n
-        for n in ast.walk(tree)
-        if isinstance(n, ast.FunctionDef) and n.name == "__init__" and n.args.kwonlyargs
-        if any(a.arg == "alpha" for a in n.args.kwonlyargs)
-    )
-    i = [a.arg for a in init.args.kwonlyargs].index("alpha")
-    assert ast.literal_eval(init.args.kw_defaults[i]) == report.DEFAULT_ALPHA
+    from lightning_rex.core.settings import DecisionSettings
+
+    assert DecisionSettings().alpha == report.DEFAULT_ALPHA
 
 
 def simulate(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

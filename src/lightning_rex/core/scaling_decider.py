@@ -204,6 +204,11 @@ class ScalingDecider:
         except ValueError:
             return math.inf
 
+    def rank_model_summary(self) -> dict[str, list[float]]:
+        """The controller's per-rank fitted rates and overheads."""
+        with self._lock:
+            return self.controller.rank_model_summary()
+
     def decline(self) -> None:
         """The last decision will not be applied: a new global batch is undone."""
         with self._lock:

@@ -569,9 +569,7 @@ class WindowDriver:
                         raise e.outcome
                 pending = [pending_to_state(e) for e in entries]
                 controller = self.decider.state_dict()
-                summary = getattr(self.decider, "rank_model_summary", None)
-                if summary is not None:
-                    rates = device_rates(self.device_keys, summary())
+                rates = device_rates(self.device_keys, self.decider.rank_model_summary())
         k = len(self._steps)
         rows = np.full((self.collectives.hosted, k + 1), np.nan)
         rows[:, :k] = self._read("reading the window's step times for a checkpoint")

@@ -247,3 +247,7 @@ class Decider(Protocol):
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output."""
         ...
+
+    def rank_model_summary(self) -> dict[str, list[float]]:
+        """Per-rank fitted ``rate`` and ``overhead_s`` (empty for a decider without a model)."""
+        ...

@@ -35,7 +35,14 @@ from lightning_rex.core.noise_scale import LR_RULES, NoiseScale, lr_factor
 from lightning_rex.core.state import StateError, field, real, whole
 from lightning_rex.data.weighting import LossReduction, loss_scale
 
-__all__ = ["GradientNorms", "LearningRate", "TrainingScaling", "amp_scales", "setup_scaling"]
+__all__ = [
+    "GradientNorms",
+    "LearningRate",
+    "TrainingScaling",
+    "amp_scales",
+    "setup_scaling",
+    "unscale_rates",
+]
 
 
 class GradientNorms:
@@ -311,7 +318,10 @@ def setup_scaling(cfg: GlobalBatchScaling, trainer: Any, pl_module: Any) -> None
         ValueError: Naming what does not fit: not ``strategy="rex"``, manual optimization,
             one rank, or a range the micro-batch bounds cannot hold.
     """
-    if not hasattr(trainer.strategy, "batch_range"):
+    from lightning_rex.lightning.interfaces import UnevenStrategy
+
+    strategy = trainer.strategy
+    if not isinstance(strategy, UnevenStrategy):
         raise ValueError(
             "RexCallback(global_batch=...) needs strategy='rex': plain DDP cannot change "
             "the global batch"
@@ -331,17 +341,40 @@ def setup_scaling(cfg: GlobalBatchScaling, trainer: Any, pl_module: Any) -> None
             f"min_global_batch={cfg.min_global_batch} is below the world size "
             f"{trainer.world_size}: every rank needs a sample"
         )
-    bounds = getattr(trainer.strategy, "bounds", None)
-    if bounds is not None:  # the micro-batch bounds must hold both ends of the range
-        for name, b in (
-            ("min_global_batch", cfg.min_global_batch),
-            ("max_global_batch", cfg.max_global_batch),
-        ):
-            try:
-                bounds.check_feasible(b, trainer.world_size)
-            except ValueError as err:
-                raise ValueError(f"GlobalBatchScaling.{name}={b}: {err}") from None
-    trainer.strategy.batch_range = (cfg.min_global_batch, cfg.max_global_batch)
+    # the micro-batch bounds must hold both ends of the range
+    for name, b in (
+        ("min_global_batch", cfg.min_global_batch),
+        ("max_global_batch", cfg.max_global_batch),
+    ):
+        try:
+            strategy.bounds.check_feasible(b, trainer.world_size)
+        except ValueError as err:
+            raise ValueError(f"GlobalBatchScaling.{name}={b}: {err}") from None
+    strategy.batch_range = (cfg.min_global_batch, cfg.max_global_batch)
+
+
+def unscale_rates(optimizers: Sequence[Any], factor: float) -> None:
+    """Global batch scaling is off in this run and was on in its checkpoint: base rates.
+
+    The checkpoint's learning rates carry the scaler's factor; they are divided by it, with
+    a warning, so that the run trains at its base rates for its base global batch.
+
+    Args:
+        optimizers: The trainer's optimizers (their rates as restored).
+        factor: The saved factor (checked).
+    """
+    from lightning.pytorch.utilities import rank_zero_warn
+
+    if factor == 1.0:
+        return
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["lr"] / factor
+    rank_zero_warn(
+        f"RexCallback: the checkpoint's learning rates carry global batch scaling's factor "
+        f"x{factor:.4g}; scaling is off in this run, so they are divided by it (the base "
+        "rates, for the base global batch this run trains at)"
+    )
 
 
 def amp_scales(strategy: Any, optimizer: Any) -> tuple[float, float]:

@@ -23,13 +23,12 @@ from lightning_rex.sim.omnilearn import OmniLearnPolicy
 from lightning_rex.sim.policies import (
     EvenPolicy,
     OraclePolicy,
-    Policy,
-    PolicyInfo,
     ProportionalPolicy,
     RexPolicy,
     StaticPolicy,
     make_policy,
 )
+from lightning_rex.sim.policy import Policy, PolicyBase, PolicyInfo
 from lightning_rex.sim.presets import PRESETS
 from lightning_rex.sim.scenario import Scenario, ScenarioError
 from lightning_rex.sim.schema import load_scenario, scenario_from_dict
@@ -43,6 +42,7 @@ __all__ = [
     "OmniLearnPolicy",
     "OraclePolicy",
     "Policy",
+    "PolicyBase",
     "PolicyDecider",
     "PolicyInfo",
     "ProportionalPolicy",

@@ -29,7 +29,8 @@ from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.window import Window
 from lightning_rex.driver.loop import LoopConfig, WindowDriver
 from lightning_rex.driver.protocols import Decider, LocalCollectives, ScheduleTarget
-from lightning_rex.sim.policies import OraclePolicy, Policy, PolicyInfo, RexPolicy
+from lightning_rex.sim.policies import OraclePolicy, RexPolicy
+from lightning_rex.sim.policy import Policy, PolicyInfo, as_policy
 from lightning_rex.sim.scenario import Scenario
 from lightning_rex.sim.times import ScenarioTimes
 
@@ -108,6 +109,10 @@ class PolicyDecider:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """No state to restore."""
 
+    def rank_model_summary(self) -> dict[str, list[float]]:
+        """Baselines fit no rank model."""
+        return {}
+
 
 class _Timed:
     """Time every decision of a decider (wall-clock milliseconds)."""
@@ -133,6 +138,9 @@ class _Timed:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.decider.load_state_dict(d)
+
+    def rank_model_summary(self) -> dict[str, list[float]]:
+        return self.decider.rank_model_summary()
 
 
 @dataclass
@@ -231,8 +239,8 @@ def default_loop(
 
     Args:
         scenario: The scenario.
-        policy: The policy; its ``looks_for(window)`` method (looks per window; 1 when it
-            has none) sets how often the loop gathers.
+        policy: The policy; its ``looks_for(window)`` (looks per window) sets how often the
+            loop gathers; None: once per window.
         warmup: Unmeasured steps at the start; None for training's default (10).
         decision_lag: Steps from a gather to the exchange; None for ``segment // 2``.
 
@@ -243,19 +251,18 @@ def default_loop(
         ValueError: For settings the loop rejects (see
             :class:`~lightning_rex.driver.loop.LoopConfig`).
     """
-    looks_for = getattr(policy, "looks_for", None)
     return LoopConfig(
         window=scenario.window,
         decision_lag=decision_lag,
         warmup=LoopConfig.warmup if warmup is None else warmup,
         background=False,
-        looks=1 if looks_for is None else int(looks_for(scenario.window)),
+        looks=1 if policy is None else int(policy.looks_for(scenario.window)),
     )
 
 
 def _decider(policy: Policy) -> Decider:
     if isinstance(policy, RexPolicy):
-        return policy.controller
+        return policy.controller  # the decider the builder made, driven as in training
     return PolicyDecider(policy)
 
 
@@ -276,6 +283,7 @@ def simulate(
     s = scenario
     n = s.world_size
     plan = even_plan(s.global_batch, n)
+    policy = as_policy(policy)
     info = PolicyInfo(
         s.global_batch,
         n,
@@ -293,7 +301,6 @@ def simulate(
         return _oracle(s, policy, times)
     times = ScenarioTimes(s, seed, plan)
     profile_s, first = _profile(policy, times)
-    on_step = getattr(policy, "observe_step", None)
     res = run_loop(
         s.global_batch,
         n,
@@ -304,7 +311,7 @@ def simulate(
         min_size=s.min_size,
         comm=s.comm,
         initial_plan=first,
-        on_step=on_step,
+        on_step=policy.observe_step,
     )
     changes = [(st, p, prev) for (_, prev), (st, p) in itertools.pairwise(res.schedule)]
     return Trace(
@@ -313,7 +320,7 @@ def simulate(
         float(res.step_s.sum()) + profile_s,
         changes,
         res.decision_ms,
-        sum(r["decision"] == "rollback" for r in res.records) + getattr(policy, "rollbacks", 0),
+        sum(r["decision"] == "rollback" for r in res.records) + policy.rollbacks,
         res.schedule[-1][1],
         res.records,
         profile_s,
@@ -323,12 +330,12 @@ def simulate(
 
 def _profile(policy: Policy, times: ScenarioTimes) -> tuple[float, Plan | None]:
     """Run the profiling steps a policy asks for; returns their seconds and its first plan."""
-    ask = getattr(policy, "profiling_plan", None)
+    ask = policy.profiling_plan()
     if ask is None:
         return 0.0, None
-    sizes = np.asarray(ask(), dtype=np.int64).reshape(-1, times.s.world_size)
+    sizes = np.asarray(ask, dtype=np.int64).reshape(-1, times.s.world_size)
     measured = times.profile(sizes)
-    first = policy.observe_profile(sizes, measured)  # type: ignore[attr-defined]
+    first = policy.observe_profile(sizes, measured)
     # profiling runs each rank on its own (no all-reduce): a step lasts its slowest rank
     seconds = float(measured.max(axis=1).sum()) if len(measured) else 0.0
     return seconds, None if first is None else tuple(int(b) for b in first)

@@ -15,7 +15,7 @@ from scipy.optimize import minimize
 
 from lightning_rex.core.plan import Plan
 from lightning_rex.sim.peers import StepPolicy, repair_plan
-from lightning_rex.sim.policies import PolicyInfo
+from lightning_rex.sim.policy import PolicyInfo
 
 __all__ = [
     "LBB_REPEATS",

@@ -6,7 +6,7 @@ import numpy as np
 
 from lightning_rex.core.plan import Plan
 from lightning_rex.sim.peers import StepPolicy, repair_plan
-from lightning_rex.sim.policies import PolicyInfo
+from lightning_rex.sim.policy import PolicyInfo
 
 __all__ = ["OmniLearnPolicy", "omnilearn_adjust"]
 
@@ -71,7 +71,7 @@ class OmniLearnPolicy(StepPolicy):
         self.threshold, self._epoch_steps, self.repairs = float(threshold), epoch_steps, 0
 
     def _start(self, info: PolicyInfo) -> None:
-        steps = self._epoch_steps or int(getattr(info, "epoch_steps", 300))
+        steps = self._epoch_steps or int(info.epoch_steps)
         self.epoch_steps, self.repairs = max(1, int(steps)), 0
         self._sum, self._count = np.zeros(info.world_size), 0
         self.last_raw: np.ndarray | None = None

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_rex.core.plan import Plan
 from lightning_rex.core.planner import resolve_bounds
-from lightning_rex.core.window import Window
-from lightning_rex.sim.policies import PolicyInfo
+from lightning_rex.sim.policy import PolicyBase, PolicyInfo
 
 __all__ = ["StepPolicy", "repair_plan"]
 
@@ -53,18 +51,15 @@ def repair_plan(raw: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> 
     return b
 
 
-class StepPolicy:
+class StepPolicy(PolicyBase):
     """What both peers share: the bounds, no window hook, no rollbacks."""
-
-    name = ""
-    rollbacks: int = 0
 
     def reset(self, info: PolicyInfo) -> None:
         """Prepare for a run.
 
         Args:
             info: The run's global batch, world size and bounds (and, for OmniLearn, the
-                epoch length ``epoch_steps`` when the field exists; 300 otherwise).
+                epoch length ``epoch_steps``).
         """
         self.info, self.rollbacks = info, 0
         self.lo, self.hi = resolve_bounds(
@@ -74,11 +69,3 @@ class StepPolicy:
 
     def _start(self, info: PolicyInfo) -> None:
         """Reset the peer's own state."""
-
-    def observe(self, window: Window) -> Plan | None:
-        """Return None: the peers act per step (``observe_step``), never per window.
-
-        Args:
-            window: Ignored.
-        """
-        return None

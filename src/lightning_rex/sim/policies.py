@@ -1,34 +1,27 @@
 """Rescaling policies the simulator can drive, all behind one interface.
 
-A policy is any object with
-
-* ``name: str``,
-* ``reset(info: PolicyInfo) -> None``: called once before the run, and
-* ``observe(window: Window) -> Plan | None``: called after every window; a plan returned is
-  a proposal, which the window driver applies as training would: at the exchange
-  ``decision_lag`` steps after the window, from the next step (None keeps the current plan).
-
-A policy may also have ``rollbacks: int`` (reported as such) and, for the oracle only,
+Every policy subclasses :class:`~lightning_rex.sim.policy.PolicyBase` (the hooks the engine
+calls, with no-op defaults; see :mod:`lightning_rex.sim.policy`); the oracle also has
 ``plan_at(step) -> Plan``, which the engine consults at every step so that it can switch
-exactly at event boundaries. Users plug in their own with
-``lightning_rex.sim.run(scenario, MyPolicy(), seed)``.
+exactly at event boundaries. :func:`make_policy` builds one by name, the published peers
+(:mod:`~lightning_rex.sim.lbb`, :mod:`~lightning_rex.sim.omnilearn`) included.
 
 Built in: ``even`` (what DDP does), ``static`` (LBB-like: profile two windows, fit an affine
 time per rank, solve once), ``proportional`` (OmniLearn-like:
-``db_r = -(b_r / t_r)(t_r - mean t)`` once a window, with a 20% deadband), ``rex`` (a thin
-adapter over :class:`lightning_rex.core.controller.Controller`: the driver runs the
-controller itself) and ``oracle`` (knows the noise-free curves and the events and re-plans
+``db_r = -(b_r / t_r)(t_r - mean t)`` once a window, with a 20% deadband), ``rex`` (the
+decider :func:`~lightning_rex.core.build.build_decider` builds, as in training: the driver
+runs it itself) and ``oracle`` (knows the noise-free curves and the events and re-plans
 at every event boundary, outside the loop: it sets the limit).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.controller import Controller
+from lightning_rex.core import build
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plan import Plan, round_fractions
 from lightning_rex.core.planner import (
@@ -38,8 +31,12 @@ from lightning_rex.core.planner import (
     size_horizon,
     water_fill,
 )
-from lightning_rex.core.settings import default_looks
+from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.core.window import Window
+from lightning_rex.sim.lbb import LBBPolicy
+from lightning_rex.sim.omnilearn import OmniLearnPolicy
+from lightning_rex.sim.policy import Policy, PolicyBase, PolicyInfo
 from lightning_rex.sim.scenario import Scenario
 
 __all__ = [
@@ -52,45 +49,6 @@ __all__ = [
     "StaticPolicy",
     "make_policy",
 ]
-
-
-@dataclass(frozen=True)
-class PolicyInfo:
-    """What a policy is told before a run.
-
-    Attributes:
-        global_batch: The global batch ``B``.
-        world_size: The number of ranks ``N``.
-        window: Steps per window.
-        min_size: The smallest micro-batch.
-        max_sizes: Per-rank memory caps (None for none).
-        initial_plan: The plan in force at step 0 (the even split).
-        seed: The run's seed.
-        epoch_steps: Steps per epoch (for policies that act once an epoch).
-        devices: Per-rank hardware labels (None where unlabelled).
-    """
-
-    global_batch: int
-    world_size: int
-    window: int
-    min_size: int
-    max_sizes: tuple[int | None, ...]
-    initial_plan: Plan
-    seed: int
-    epoch_steps: int = 300
-    devices: tuple[str | None, ...] = ()
-
-
-class Policy(Protocol):
-    """The policy interface (see the module docstring)."""
-
-    name: str
-
-    def reset(self, info: PolicyInfo) -> None:
-        """Prepare for a run."""
-
-    def observe(self, window: Window) -> Plan | None:
-        """Return a new plan to apply from the next window, or None."""
 
 
 def _bounds(info: PolicyInfo) -> tuple[np.ndarray, np.ndarray]:
@@ -132,7 +90,7 @@ def fit_plan(sizes: np.ndarray, info: PolicyInfo) -> Plan:
     return tuple(int(b) for b in plan)
 
 
-class EvenPolicy:
+class EvenPolicy(PolicyBase):
     """DDP: the even split, never changed."""
 
     name = "even"
@@ -145,7 +103,7 @@ class EvenPolicy:
         return None
 
 
-class StaticPolicy:
+class StaticPolicy(PolicyBase):
     """LBB-like: profile at the start, fit, solve once.
 
     Window 0 (even plan) gives a proportional estimate; window 1 runs that plan, so every rank
@@ -179,7 +137,7 @@ class StaticPolicy:
         return affine_plan(over, slope, self.info.global_batch, lo, hi)
 
 
-class ProportionalPolicy:
+class ProportionalPolicy(PolicyBase):
     """OmniLearn-like proportional control once a window, with a 20% deadband.
 
     Args:
@@ -207,22 +165,31 @@ class ProportionalPolicy:
         return plan if plan != window.plan else None
 
 
-class RexPolicy:
-    """The REX core, driven exactly as training drives it.
+class RexPolicy(PolicyBase):
+    """The REX core, built and driven exactly as training builds and drives it.
+
+    The decider comes from :func:`~lightning_rex.core.build.build_decider`, the function
+    :class:`~lightning_rex.RexCallback` calls, with the run's seed, window and device labels.
 
     Args:
         looks: Looks per window; None for training's default
-            (:func:`~lightning_rex.core.looks.default_looks` of the scenario's window, 3 for
-            a window of 30). The simulator's loop gathers a segment every ``window // looks``
-            steps for this policy, and the controller may act before a window is whole.
-        **controller_kwargs: Passed to :class:`~lightning_rex.core.controller.Controller`.
+            (:func:`~lightning_rex.core.settings.default_looks` of the scenario's window, 3
+            for a window of 30). The simulator's loop gathers a segment every
+            ``window // looks`` steps for this policy, and the controller may act before a
+            window is whole.
+        settings: The decision parameters; :class:`~lightning_rex.core.settings.
+            DecisionSettings` defaults when None.
+        **overrides: Fields of ``settings`` to replace (``persistence=3``, ...).
     """
 
     name = "rex"
 
-    def __init__(self, looks: int | None = None, **controller_kwargs: Any) -> None:
-        self._looks = looks
-        self.controller_kwargs = controller_kwargs
+    def __init__(
+        self, looks: int | None = None, settings: DecisionSettings | None = None, **overrides: Any
+    ) -> None:
+        if looks is not None:
+            overrides["looks"] = looks
+        self.settings = replace(settings or DecisionSettings(), **overrides)
         self.rollbacks = 0
         self.decisions: list[Decision] = []
 
@@ -235,20 +202,14 @@ class RexPolicy:
         Returns:
             The ``looks`` asked for, or training's default for that window.
         """
-        return default_looks(window) if self._looks is None else int(self._looks)
+        return replace(self.settings, window=window).looks_per_window
 
     def reset(self, info: PolicyInfo) -> None:
-        """Build a fresh controller for the run."""
-        self.controller = Controller(
-            info.global_batch,
-            info.world_size,
-            min_size=info.min_size,
-            max_sizes=list(info.max_sizes),
-            seed=info.seed,
-            initial_plan=info.initial_plan,
-            looks=self.looks_for(info.window),
-            window_steps=info.window,
-            **{"groups": _labels(info.devices), **self.controller_kwargs},
+        """Build a fresh decider for the run (the one builder training uses)."""
+        settings = replace(self.settings, seed=info.seed, window=info.window)
+        bounds = SizeBounds(info.min_size).with_caps(info.max_sizes)
+        self.controller = build.build_decider(
+            settings, info.initial_plan, info.global_batch, bounds, info.devices
         )
         self.rollbacks = 0
         self.decisions = []
@@ -261,12 +222,7 @@ class RexPolicy:
         return d.plan
 
 
-def _labels(devices: tuple[str | None, ...]) -> list[str | None] | None:
-    """Device labels for the controller's pooled model, None when no rank is labelled."""
-    return list(devices) if any(d is not None for d in devices) else None
-
-
-class OraclePolicy:
+class OraclePolicy(PolicyBase):
     """Knows the noise-free curves and the events; re-plans at every event boundary.
 
     Args:
@@ -336,9 +292,6 @@ def make_policy(name: str, scenario: Scenario) -> Policy:
     if name == "oracle":
         return OraclePolicy(scenario)
     if name in ("lbb", "omnilearn"):
-        from lightning_rex.sim.lbb import LBBPolicy
-        from lightning_rex.sim.omnilearn import OmniLearnPolicy
-
         return LBBPolicy() if name == "lbb" else OmniLearnPolicy()
     raise ValueError(
         f"unknown policy {name!r}; choose from even, static, proportional, lbb, omnilearn, rex, "

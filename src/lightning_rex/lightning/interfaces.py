@@ -1,0 +1,48 @@
+"""What the callback needs from a strategy that splits the global batch unevenly.
+
+:class:`~lightning_rex.RexStrategy` imports and attaches :class:`~lightning_rex.RexCallback`,
+so the callback cannot import the strategy; it asks for this protocol instead of probing
+attribute names. A strategy that does not follow it (plain ``ddp``) gets the callback in
+monitor-only use.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from lightning_rex.core.plan import Plan
+from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.data.weighting import LossReduction
+from lightning_rex.driver.protocols import PlanTarget
+
+__all__ = ["UnevenStrategy"]
+
+
+@runtime_checkable
+class UnevenStrategy(Protocol):
+    """A strategy whose train sampler serves a plan schedule (``RexStrategy``).
+
+    Attributes:
+        adaptive: Whether the callback may change the plan.
+        loss_reduction: What a training step's loss is over its micro-batch.
+        batch_range: ``(min, max)`` global batches plans may sum to (global batch scaling),
+            set by the callback before the train loader is built; None keeps ``B``.
+    """
+
+    adaptive: bool
+    loss_reduction: LossReduction
+    batch_range: tuple[int, int] | None
+
+    @property
+    def plan_target(self) -> PlanTarget | None:
+        """The window driver's plan target (None before the train loader exists)."""
+        ...
+
+    @property
+    def bounds(self) -> SizeBounds:
+        """The size bounds every plan obeys."""
+        ...
+
+    def current_batch_sizes(self) -> Plan | None:
+        """The per-rank sizes of the batch being trained (None outside training)."""
+        ...

@@ -1,0 +1,313 @@
+"""One fit's REX work on one rank: what :class:`~lightning_rex.RexCallback` forwards to.
+
+A :class:`FitSession` is built when a fit's training starts (the train loader, and so the
+plan schedule, exists by then) and holds everything that lives for that fit: the window
+driver (the loop the simulator runs too), this rank's compute timer, memory bound and NVML
+telemetry, the decision log, global batch scaling's gradient norms and learning rate, and
+the hang watchdog. It supplies what only Lightning knows (the step, the device, the
+loggers) to the driver through its two protocols: the collectives (over
+``torch.distributed``) and the plan target (the strategy's sampler). With a strategy that is
+not an :class:`~lightning_rex.lightning.interfaces.UnevenStrategy` (plain ``ddp``) the plan
+target is a frozen schedule and the session only monitors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+import numpy as np
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lightning_rex.core import build
+from lightning_rex.core.plan import Plan
+from lightning_rex.core.scaling_decider import ScalingDecider
+from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.driver.exchange import ExchangeMessage
+from lightning_rex.driver.loop import WindowDriver
+from lightning_rex.driver.protocols import Decider, PlanTarget, ScheduleTarget
+from lightning_rex.driver.records import DecisionLog
+from lightning_rex.lightning.collectives import device_key, driver_collectives
+from lightning_rex.lightning.interfaces import UnevenStrategy
+from lightning_rex.lightning.progress import is_step_end, steps_done
+from lightning_rex.lightning.scaling import TrainingScaling, amp_scales, unscale_rates
+from lightning_rex.lightning.watchdog import HangWatchdog, default_store
+from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound
+from lightning_rex.measure.timing import ComputeTimer
+
+if TYPE_CHECKING:
+    from lightning_rex.lightning.callback import RexCallback
+
+__all__ = ["FitSession", "StepTimeFn"]
+
+StepTimeFn = Callable[[int, int, int], float]
+"""``fn(rank, step, micro_batch) -> seconds``: injected step times (tests and replays)."""
+
+
+class FitSession:
+    """One fit on one rank (see the module docstring); built by the callback.
+
+    Args:
+        cb: The callback (its settings, loop and injected step times).
+        trainer: The Trainer.
+        module: The LightningModule.
+        target: The plan target (the strategy's sampler, or a frozen schedule).
+        adaptive: Whether plans are applied (False: monitor-only).
+    """
+
+    def __init__(
+        self,
+        cb: RexCallback,
+        trainer: pl.Trainer,
+        module: pl.LightningModule,
+        target: PlanTarget,
+        adaptive: bool,
+    ) -> None:
+        self.cb, self.trainer, self.target = cb, trainer, target
+        self.strategy = trainer.strategy if isinstance(trainer.strategy, UnevenStrategy) else None
+        device = trainer.strategy.root_device
+        self.timer = ComputeTimer(device)
+        self.telemetry = GpuTelemetry(device)
+        self.memory = MemoryBound(device, target.plan_schedule.bounds.max_size, cb.max_growth)
+        # trainer.log_dir broadcasts from rank 0: every rank must ask for it
+        self.dir = cb.log_dir or trainer.log_dir or trainer.default_root_dir
+        self.log: DecisionLog | None = None
+        self.step, self.comparable, self.started = 0, True, False
+        self.micro: list[int] = []
+        self.driver = WindowDriver(
+            replace(cb.loop, apply_plans=adaptive),
+            driver_collectives(device),
+            target,
+            self._decider,
+            check_decider_state=lambda d, b, n: build.check_decider_state(cb.settings, d, b, n),
+            resolve=self._resolve,
+            caps=self._caps,
+            telemetry=self._sample_telemetry if device.type == "cuda" else None,
+            on_record=self._write,
+            on_exchange=self._progress,
+        )
+        self.timer.attach(module.parameters())
+        self.scaling: TrainingScaling | None = None
+        self.watchdog: HangWatchdog | None = None
+
+    @classmethod
+    def open(
+        cls, cb: RexCallback, trainer: pl.Trainer, module: pl.LightningModule
+    ) -> FitSession | None:
+        """A session for the fit, or None when it cannot be monitored (no batch size).
+
+        Args:
+            cb: The callback.
+            trainer: The Trainer.
+            module: The LightningModule.
+
+        Returns:
+            The session, not yet started.
+        """
+        strategy = trainer.strategy
+        target = strategy.plan_target if isinstance(strategy, UnevenStrategy) else None
+        adaptive = target is not None and isinstance(strategy, UnevenStrategy) and strategy.adaptive
+        if target is None:
+            bs = getattr(trainer.train_dataloader, "batch_size", None)  # any user loader
+            if bs is None:
+                rank_zero_warn("RexCallback: the train loader has no batch_size; monitoring is off")
+                return None
+            n = trainer.world_size
+            target = ScheduleTarget(PlanSchedule((int(bs),) * n, int(bs) * n), frozen=True)
+        return cls(cb, trainer, module, target, adaptive)
+
+    # ------------------------------------------------------------------ start
+    def start(self, module: pl.LightningModule, loaded: dict[str, Any] | None) -> None:
+        """Every rank, before any batch is trained: scaling, the loop, the watchdog.
+
+        A mid-epoch resume's step count is one behind here (Lightning advances it when the
+        epoch loop restarts): the warm-up of a resume on another world size is one step
+        short, and the first plan is scheduled from the first step no rank has fetched.
+
+        Args:
+            module: The LightningModule.
+            loaded: The callback's state from a checkpoint, or None.
+        """
+        cfg, trainer, sched = self.cb.settings.global_batch, self.trainer, self.target.plan_schedule
+        saved = (loaded or {}).get("batch_scaling")
+        if cfg is not None and self.driver.config.apply_plans:
+            params = list(module.parameters())
+            self.scaling = TrainingScaling(cfg, sched.global_batch, params, saved)
+        elif saved is not None:
+            unscale_rates(trainer.optimizers, TrainingScaling.check_state(saved, None)["lr_factor"])
+        self.started = True
+        key = "cuda" if trainer.strategy.root_device.type == "cuda" else "cpu"
+        with self.driver.guard("reading the device's identity"):
+            key = device_key(trainer.strategy.root_device, self.telemetry)
+        self.driver.start(steps_done(trainer), [key], loaded)
+        if loaded and self.driver.continued is False:
+            resumed = self.target.resumed
+            why = (resumed.reason if resumed is not None else "") or (
+                f"the checkpoint was made with {loaded.get('world_size')} ranks and a global "
+                f"batch of {loaded.get('global_batch')}, this run has {sched.world_size} and "
+                f"{sched.global_batch}"
+            )
+            rank_zero_warn(
+                f"RexCallback: {why}; the rest of the epoch is cut at this run's global batch "
+                f"from the first sample not yet trained, and the controller starts afresh from "
+                f"the plan {sched.plan_at(self.driver.measuring_from)} (rates known per device: "
+                f"{sorted(loaded.get('device_rates', {}))})"
+            )
+        timeout = self.cb.hang_timeout
+        store = default_store() if trainer.world_size > 1 and timeout is not None else None
+        if store is not None and timeout is not None:
+            self.watchdog = HangWatchdog(
+                store,
+                trainer.global_rank,
+                trainer.world_size,
+                self.driver.run_id,
+                timeout,
+                self.cb.hang_factor,
+            )
+            self.watchdog.start()
+
+    def _decider(self, plan: Plan, bounds: SizeBounds) -> Decider:
+        keys = list(self.driver.device_keys)
+        devices = [str(k) for k in keys] if len(keys) == len(plan) else None
+        return build.build_decider(
+            self.cb.settings, plan, self.target.plan_schedule.global_batch, bounds, devices
+        )
+
+    # ------------------------------------------------------------------ per step
+    def batch_start(self) -> None:
+        """Start timing this rank's compute (and follow the global batch with the rate)."""
+        trainer = self.trainer
+        if self.watchdog is not None:
+            self.watchdog.advance()
+        if not self.started:
+            return
+        # what every rank must agree on is computed from shared state, outside any guard
+        if not self.micro:
+            self.step = steps_done(trainer)
+            self.comparable = True
+        plan = self.target.plan_schedule.plan_at(self.step)
+        scaling = self.scaling
+        if (
+            scaling is not None
+            and not self.micro
+            and scaling.at_step_start(trainer.optimizers, plan)
+        ):
+            rank_zero_info(
+                f"lightning-rex: global batch {sum(plan)} from step {self.step}; learning rate "
+                f"x{scaling.rate.factor:.3f} of the base ({scaling.config.lr_rule} rule)"
+            )
+        sizes = None if self.strategy is None else self.strategy.current_batch_sizes()
+        if sizes is not None and sizes != plan:
+            self.comparable = False  # the epoch's final partial batch: not comparable
+        self.micro.append((plan if sizes is None else sizes)[trainer.global_rank])
+        with self.driver.guard("starting the step timer"):
+            if len(self.micro) == 1:
+                self.memory.step_start()
+            self.timer.start()
+
+    def before_backward(self) -> None:
+        """The hang watchdog: this rank reached its backward (and so its collectives)."""
+        if self.watchdog is not None:
+            self.watchdog.advance()
+
+    def batch_end(self) -> None:
+        """Close the micro-batch; at the end of a step, hand its sample to the driver."""
+        if self.watchdog is not None:
+            self.watchdog.advance(step_end=True)
+        if not self.started:
+            return
+        with self.driver.guard("stopping the step timer"):
+            self.timer.stop()
+        if not is_step_end(self.trainer):
+            return  # accumulating: the step is not done yet
+        micro, self.micro = self.micro, []
+        sample: Any = float("nan")
+        fn = self.cb._step_time_fn
+        with self.driver.guard("closing the step's measurement"):
+            sample = self.timer.take_step()
+            self.memory.step_end(max(micro, default=0))
+            if fn is not None:
+                sample = sum(fn(self.trainer.global_rank, self.step, b) for b in micro)
+        self.driver.record(self.step, [sample], self.comparable)
+
+    def before_optimizer_step(self, optimizer: Any) -> None:
+        """Global batch scaling: this step's gradient norms (one scalar all-reduce)."""
+        if self.scaling is None or not self.started or self.strategy is None:
+            return
+        strategy = self.strategy
+        plan = self.target.plan_schedule.plan_at(self.step)
+        sizes = strategy.current_batch_sizes() or plan
+        amp, global_scale = amp_scales(self.trainer.strategy, optimizer)
+        decider = self.driver.decider
+        feed = decider.add_gradient_norms if isinstance(decider, ScalingDecider) else None
+        with self.driver.guard("measuring the gradient noise scale"):
+            self.scaling.after_backward(
+                sizes,
+                self.trainer.global_rank,
+                strategy.loss_reduction,
+                amp,
+                lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"),
+                feed,
+                # the epoch's final partial batch: with accumulation its micro-batches had
+                # other loss factors, so the step is left out (the all-reduce still happens)
+                usable=tuple(sizes) == tuple(plan),
+                global_scale=global_scale,
+            )
+
+    def end(self) -> None:
+        """Agree that no rank failed (every rank, at the end of training)."""
+        if self.started:
+            self.driver.finish()
+
+    def release(self) -> None:
+        """Release the gradient hooks, the threads and the signal handler (no collective)."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self.timer.detach()
+        if self.scaling is not None:
+            self.scaling.norms.remove()
+        self.driver.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loop's state and global batch scaling's (every rank; one collective)."""
+        state = self.driver.state_dict()
+        if self.scaling is not None:
+            state["batch_scaling"] = self.scaling.state_dict()
+        return state
+
+    # ------------------------------------------------------------------ what the driver asks
+    def _resolve(self, samples: list[Any]) -> np.ndarray:
+        out = []
+        for s in samples:
+            x = s[0]
+            out.append(float(x) if isinstance(x, (int, float)) else self.timer.resolve([x])[0])
+        return np.asarray(out, dtype=np.float64)[None, :]
+
+    def _caps(self) -> list[int | None]:
+        plan = self.target.plan_schedule.plan_at(self.step)
+        return [self.memory.cap(plan[self.trainer.global_rank])]
+
+    def _sample_telemetry(self) -> list[Any]:
+        return [self.telemetry.sample()]
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.log is None:
+            self.log = DecisionLog(Path(self.dir), self.trainer.loggers, self.driver.run_id)
+        self.log.write(record, step=self.trainer.global_step)
+
+    def _progress(self, message: ExchangeMessage) -> None:
+        trainer = self.trainer
+        if trainer.progress_bar_callback is None or not message.decided:
+            return
+        # the progress bar keeps the last value, so once a window is enough
+        trainer.lightning_module.log_dict(
+            {
+                "rex_imb%": 100.0 * message.imbalance,
+                "rex_changes": float(self.target.plan_schedule.changes),
+            },
+            prog_bar=True,
+            logger=False,
+        )

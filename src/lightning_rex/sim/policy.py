@@ -1,0 +1,220 @@
+"""What a simulator policy is: the information it gets, and the hooks the engine calls.
+
+A policy decides the plan of a simulated run. The engine (:mod:`~lightning_rex.sim.engine`)
+calls, on every policy alike:
+
+* ``reset(info)`` once before the run, with a :class:`PolicyInfo`;
+* ``profiling_plan()`` and ``observe_profile(sizes, times)``: profiling steps before
+  training (LBB), and the first plan they give;
+* ``observe(window)`` after every window: a plan returned is a proposal, which the window
+  driver applies as training would (at the exchange ``decision_lag`` steps later, from the
+  next step); None keeps the plan;
+* ``observe_step(step, times, plan)`` after every step: a plan returned applies from the
+  next step, through the plan target (the peers' per-step rules);
+* ``looks_for(window)``: how many times per window the loop gathers;
+* ``rollbacks``: rollbacks the policy made itself, reported with the driver's.
+
+:class:`PolicyBase` gives every hook a no-op default; a policy of your own subclasses it and
+overrides what it needs, and runs with ``lightning_rex.sim.run(scenario, MyPolicy(), seed)``.
+An object that has ``name``, ``reset`` and ``observe`` and any of the other hooks, as
+policies were written before the base existed, runs too: :func:`as_policy` gives it the
+base's defaults for the hooks it lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from lightning_rex.core.plan import Plan
+from lightning_rex.core.window import Window
+
+__all__ = ["Policy", "PolicyBase", "PolicyInfo", "as_policy"]
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What a policy is told before a run.
+
+    Attributes:
+        global_batch: The global batch ``B``.
+        world_size: The number of ranks ``N``.
+        window: Steps per window.
+        min_size: The smallest micro-batch.
+        max_sizes: Per-rank memory caps (None for none).
+        initial_plan: The plan in force at step 0 (the even split).
+        seed: The run's seed.
+        epoch_steps: Steps per epoch (for policies that act once an epoch).
+        devices: Per-rank hardware labels (None where unlabelled).
+    """
+
+    global_batch: int
+    world_size: int
+    window: int
+    min_size: int
+    max_sizes: tuple[int | None, ...]
+    initial_plan: Plan
+    seed: int
+    epoch_steps: int = 300
+    devices: tuple[str | None, ...] = ()
+
+
+class Policy(Protocol):
+    """The policy interface (see the module docstring)."""
+
+    name: str
+    rollbacks: int
+
+    def reset(self, info: PolicyInfo) -> None:
+        """Prepare for a run."""
+
+    def observe(self, window: Window) -> Plan | None:
+        """Return a new plan to apply from the next window, or None."""
+
+    def observe_step(self, step: int, times: np.ndarray, plan: Plan) -> Plan | None:
+        """Return a new plan to apply from the next step, or None."""
+
+    def profiling_plan(self) -> Any:
+        """Per-rank sizes of profiling steps to run before training, or None."""
+
+    def observe_profile(self, sizes: np.ndarray, times: np.ndarray) -> Plan | None:
+        """The first plan from the profiling steps' times, or None."""
+
+    def looks_for(self, window: int) -> int:
+        """Gathers per window."""
+
+
+class PolicyBase:
+    """A policy's defaults: no profiling, no per-step rule, one look per window.
+
+    Subclass it and override what the policy does (at least ``name``, ``reset`` and
+    ``observe``).
+    """
+
+    name = ""
+    rollbacks: int = 0
+
+    def reset(self, info: PolicyInfo) -> None:
+        """Prepare for a run (nothing by default).
+
+        Args:
+            info: The run.
+        """
+
+    def observe(self, window: Window) -> Plan | None:
+        """Never rescale after a window (by default).
+
+        Args:
+            window: The window.
+
+        Returns:
+            None.
+        """
+        return None
+
+    def observe_step(self, step: int, times: np.ndarray, plan: Plan) -> Plan | None:
+        """No per-step rule (by default).
+
+        Args:
+            step: The step just run.
+            times: Every rank's compute time of the step.
+            plan: The plan it ran under.
+
+        Returns:
+            None.
+        """
+        return None
+
+    def profiling_plan(self) -> Any:
+        """No profiling (by default).
+
+        Returns:
+            None.
+        """
+        return None
+
+    def observe_profile(self, sizes: np.ndarray, times: np.ndarray) -> Plan | None:
+        """No profiling (by default).
+
+        Args:
+            sizes: The profiling steps' sizes.
+            times: Their times.
+
+        Returns:
+            None.
+        """
+        return None
+
+    def looks_for(self, window: int) -> int:
+        """One gather per window (by default).
+
+        Args:
+            window: Steps per window.
+
+        Returns:
+            1.
+        """
+        return 1
+
+
+class _Duck(PolicyBase):
+    """A policy written without the base: its own hooks, the base's defaults for the rest.
+
+    The one place that asks an object which hooks it has: the engine then calls a typed
+    interface only.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = str(inner.name)
+
+    def _hook(self, name: str) -> Any:
+        return getattr(self.inner, name, None)
+
+    @property
+    def rollbacks(self) -> int:  # type: ignore[override]
+        """The rollbacks the policy counts, if it counts any."""
+        return int(getattr(self.inner, "rollbacks", 0))
+
+    def reset(self, info: PolicyInfo) -> None:
+        self.inner.reset(info)
+
+    def observe(self, window: Window) -> Plan | None:
+        return _plan(self.inner.observe(window))
+
+    def observe_step(self, step: int, times: np.ndarray, plan: Plan) -> Plan | None:
+        hook = self._hook("observe_step")
+        return None if hook is None else _plan(hook(step, times, plan))
+
+    def profiling_plan(self) -> Any:
+        hook = self._hook("profiling_plan")
+        return None if hook is None else hook()
+
+    def observe_profile(self, sizes: np.ndarray, times: np.ndarray) -> Plan | None:
+        hook = self._hook("observe_profile")
+        return None if hook is None else _plan(hook(sizes, times))
+
+    def looks_for(self, window: int) -> int:
+        hook = self._hook("looks_for")
+        return 1 if hook is None else int(hook(window))
+
+
+def _plan(p: Any) -> Plan | None:
+    return None if p is None else tuple(int(b) for b in p)
+
+
+def as_policy(policy: Any) -> Policy:
+    """The policy with every hook: a :class:`PolicyBase` as it is, anything else wrapped.
+
+    An object with ``name``, ``reset`` and ``observe`` gets the base's defaults for the
+    other hooks.
+
+    Args:
+        policy: The policy.
+
+    Returns:
+        A policy with every hook.
+    """
+    return policy if isinstance(policy, PolicyBase) else _Duck(policy)
