@@ -1,8 +1,17 @@
 import os
 from pathlib import Path
 
+# Tests fork real ranks from this process (tests/helpers/dist.py). An OpenMP thread team
+# started here (MKL's threaded float64 tanh in an in-process reference computation, say)
+# does not survive a fork: the child's first parallel region waits forever for threads it
+# does not have. One thread in this process starts no team; each rank sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 import pytest
 import torch
+
+torch.set_num_threads(1)
 
 _ROOT = Path(__file__).resolve().parents[1]
 

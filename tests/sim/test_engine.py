@@ -2,6 +2,7 @@ import numpy as np
 
 from lightning_rex.core.plan import even_plan
 from lightning_rex.sim import OraclePolicy, load_scenario, run, scenario_from_dict, simulate
+from lightning_rex.sim.schema import with_steps
 
 SCEN = scenario_from_dict(
     {
@@ -89,7 +90,7 @@ def test_oracle_switches_at_event_boundaries():
 
 
 def test_rex_beats_even_on_a_preset():
-    s = load_scenario("pair-3x").with_steps(600)
+    s = with_steps(load_scenario("pair-3x"), 600)
     assert run(s, "rex", 0).efficiency > run(s, "even", 0).efficiency + 0.2
     assert np.isfinite(run(s, "rex", 0).decision_ms_p50)
 

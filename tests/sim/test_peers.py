@@ -23,7 +23,8 @@ from lightning_rex.sim.lbb import (
 )
 from lightning_rex.sim.omnilearn import OmniLearnPolicy, omnilearn_adjust
 from lightning_rex.sim.peers import repair_plan
-from lightning_rex.sim.policies import PolicyInfo
+from lightning_rex.sim.policy import PolicyInfo
+from lightning_rex.sim.schema import with_shape_change, with_steps
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,7 @@ def test_every_returned_plan_is_valid(scenario, seed):
 def test_both_peers_run_through_the_engine_and_pay_their_costs():
     from lightning_rex.sim import load_scenario, run
 
-    s = load_scenario("pair-3x").with_steps(600).with_shape_change(0.05)
+    s = with_shape_change(with_steps(load_scenario("pair-3x"), 600), 0.05)
     lbb = run(s, "lbb", 0)
     # the 8-size warm-up sweep (9 steps each) is paid for before training, and a one-sample
     # move between steps changes shapes

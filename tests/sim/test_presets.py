@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from lightning_rex.sim.presets import PRESETS, SHAPE_CHANGE_S
-from lightning_rex.sim.schema import load_scenario
+from lightning_rex.sim.schema import load_scenario, with_shape_change
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -56,4 +56,4 @@ def test_gpu_presets_charge_the_documented_shape_change_cost():
     for name in PRESETS:
         expected = 0.0 if name == "pair-3x" else SHAPE_CHANGE_S
         assert load_scenario(name).shape_change_s == expected, name
-    assert load_scenario("drift-16").with_shape_change(0.0).shape_change_s == 0.0
+    assert with_shape_change(load_scenario("drift-16"), 0.0).shape_change_s == 0.0

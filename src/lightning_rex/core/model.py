@@ -423,7 +423,22 @@ class RankTimeModel:
 
         if self.n_obs < 3 or self.scale is None:
             return self.outputscale
-        scale = fit_residual_scale(self)
+        b, y, v = (a[:, -self.fit_windows :] for a in self._data())
+        # a seeded subset of ranks, drawn afresh at every fit (reproducible from the count)
+        rng = np.random.default_rng([self.seed, self.n_fits])
+        self.n_fits += 1
+        sub = np.sort(
+            rng.choice(self.world_size, size=min(self.world_size, self.fit_ranks), replace=False)
+        )
+        k = self.kernel
+        scale = fit_residual_scale(
+            b[sub],
+            y[sub],
+            v[sub],
+            (k.num_basis, k.lower, k.upper),
+            self.outputscale,
+            self.seed + self.n_fits,
+        )
         if scale is not None:
             self.outputscale = float(min(max(scale, 1e-6), 0.25))
             self._post = None

@@ -12,6 +12,7 @@ Exploration uses a posterior quantile: the curves are ``mean - kappa * sd`` with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -20,8 +21,10 @@ from lightning_rex.core.plan import Plan
 
 __all__ = [
     "affine_plan",
+    "device_rates",
     "exploration_kappa",
     "feasible_spread",
+    "plan_from_device_rates",
     "resolve_bounds",
     "size_horizon",
     "water_fill",
@@ -302,3 +305,52 @@ def affine_plan(
     g = size_horizon(times_at, level, lo, hi, even.tolist(), total)
     sizes = np.arange(1, g + 1)
     return water_fill(times_at(sizes), total, lo, np.minimum(hi, g))
+
+
+def device_rates(keys: Sequence[str], summary: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Fitted rate and overhead per device identity, averaged over the ranks that have it.
+
+    Args:
+        keys: Each rank's device identity.
+        summary: ``Controller.rank_model_summary()``: per-rank ``rate`` and ``overhead_s``.
+
+    Returns:
+        Device identity to ``[rate (samples/s), overhead (s)]``; ranks without a finite
+        positive rate are left out.
+    """
+    out: dict[str, list[list[float]]] = {}
+    for key, rate, over in zip(keys, summary.get("rate", []), summary.get("overhead_s", [])):
+        if math.isfinite(rate) and rate > 0 and math.isfinite(over):
+            out.setdefault(key, []).append([rate, max(over, 0.0)])
+    return {
+        k: [float(np.mean([v[0] for v in vs])), float(np.mean([v[1] for v in vs]))]
+        for k, vs in out.items()
+    }
+
+
+def plan_from_device_rates(
+    rates: dict[str, list[float]],
+    device_keys: Sequence[str],
+    global_batch: int,
+    min_size: int,
+    max_sizes: Sequence[int | None] | None,
+) -> Plan | None:
+    """The minimax plan from rates measured per device identity, if every rank's is known.
+
+    Args:
+        rates: Device identity to ``[rate (samples/s), overhead (s)]``, from a checkpoint.
+        device_keys: This run's device identity per rank.
+        global_batch: This run's global batch ``B``.
+        min_size: This run's smallest micro-batch.
+        max_sizes: Its per-rank caps (None entries for none), or None.
+
+    Returns:
+        The plan equalising ``overhead + b / rate`` across ranks, or None when a rank's
+        device was not measured before (the caller keeps its plan).
+    """
+    if not device_keys or any(k not in rates for k in device_keys):
+        return None
+    over = np.array([rates[k][1] for k in device_keys])
+    slope = np.array([1.0 / rates[k][0] for k in device_keys])
+    lo, hi = resolve_bounds(len(device_keys), global_batch, min_size, max_sizes)
+    return affine_plan(over, slope, global_batch, lo, hi)

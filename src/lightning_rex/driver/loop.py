@@ -45,6 +45,7 @@ import numpy as np
 
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plan import Plan
+from lightning_rex.core.planner import device_rates, plan_from_device_rates
 from lightning_rex.core.schedule import SizeBounds
 from lightning_rex.core.window import Window
 from lightning_rex.driver.errors import RexRankError
@@ -52,13 +53,8 @@ from lightning_rex.driver.exchange import ExchangeMessage
 from lightning_rex.driver.observer import BackgroundObserver, Pending
 from lightning_rex.driver.protocols import Collectives, Decider, PlanTarget
 from lightning_rex.driver.records import build_record
-from lightning_rex.driver.state import (
-    STATE_VERSION,
-    check_state,
-    device_rates,
-    pending_to_state,
-    plan_from_device_rates,
-)
+from lightning_rex.driver.scheduling import agreed_step
+from lightning_rex.driver.state import STATE_VERSION, check_state, pending_to_state
 
 __all__ = ["LoopConfig", "WindowDriver"]
 
@@ -317,9 +313,11 @@ class WindowDriver:
         same = saved is not None and saved["continues"]
         self.continued = None if saved is None else same
         if saved is not None and not same and self.config.apply_plans:
-            fitted = plan_from_device_rates(saved["device_rates"], self.device_keys, b, bounds)
+            fitted = plan_from_device_rates(
+                saved["device_rates"], self.device_keys, b, bounds.min_size, bounds.caps(n)
+            )
             if fitted is not None and fitted != plan:
-                at = max(step, max(int(o[1]) for o in objs))
+                at = agreed_step((o[1] for o in objs), step)
                 plan = self.target.schedule_plan(fitted, at)
                 self._skip_until = at
         if same:
@@ -478,7 +476,7 @@ class WindowDriver:
         before = self.target.plan_schedule.changes
         effective = None
         if msg.plan is not None:
-            effective = max(step + 1, int(gathered[:, 1].max()))
+            effective = agreed_step(gathered[:, 1], step + 1)
             self.target.schedule_plan(msg.plan, effective)
             self._skip_until = effective
             self._samples, self._steps = [], []

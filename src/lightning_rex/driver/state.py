@@ -13,23 +13,23 @@ that sums to ``B``, pending decisions with their windows, and (through the decid
 check) the controller state. It is pure, so every rank runs it on the same checkpoint and
 fails alike, before any step. A checkpoint from another world size keeps only ``run_id``
 and ``device_rates``: fitted rates keyed by device identity, from which
-:func:`plan_from_device_rates` plans the new ranks; so does one whose loader position was
-re-cut at this run's global batch (the plan target says so), and a saved world size or
-global batch that disagrees with the loader's position of the same checkpoint is an error.
+:func:`~lightning_rex.core.planner.plan_from_device_rates` plans the new ranks; so does
+one whose loader position was re-cut at this run's global batch (the plan target says so),
+and a saved world size or global batch that disagrees with the loader's position of the
+same checkpoint is an error.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plan import Plan
-from lightning_rex.core.planner import affine_plan
 from lightning_rex.core.schedule import SizeBounds
 from lightning_rex.core.state import (
     StateError,
@@ -46,10 +46,8 @@ from lightning_rex.driver.protocols import Resumed
 __all__ = [
     "STATE_VERSION",
     "check_state",
-    "device_rates",
     "pending_from_state",
     "pending_to_state",
-    "plan_from_device_rates",
 ]
 
 STATE_VERSION = 2
@@ -292,47 +290,3 @@ def _rates(v: Any, name: str) -> dict[str, list[float]]:
             raise StateError(f"{name}[{k!r}][1]", f"must be an overhead >= 0, got {over}")
         out[str(k)] = [rate, over]
     return out
-
-
-def device_rates(keys: Sequence[str], summary: dict[str, list[float]]) -> dict[str, list[float]]:
-    """Fitted rate and overhead per device identity, averaged over the ranks that have it.
-
-    Args:
-        keys: Each rank's device identity.
-        summary: ``Controller.rank_model_summary()``: per-rank ``rate`` and ``overhead_s``.
-
-    Returns:
-        Device identity to ``[rate (samples/s), overhead (s)]``; ranks without a finite
-        positive rate are left out.
-    """
-    out: dict[str, list[list[float]]] = {}
-    for key, rate, over in zip(keys, summary.get("rate", []), summary.get("overhead_s", [])):
-        if math.isfinite(rate) and rate > 0 and math.isfinite(over):
-            out.setdefault(key, []).append([rate, max(over, 0.0)])
-    return {
-        k: [float(np.mean([v[0] for v in vs])), float(np.mean([v[1] for v in vs]))]
-        for k, vs in out.items()
-    }
-
-
-def plan_from_device_rates(
-    rates: dict[str, list[float]], device_keys: Sequence[str], global_batch: int, bounds: SizeBounds
-) -> Plan | None:
-    """The minimax plan from rates measured per device identity, if every rank's is known.
-
-    Args:
-        rates: Device identity to ``[rate (samples/s), overhead (s)]``, from a checkpoint.
-        device_keys: This run's device identity per rank.
-        global_batch: This run's global batch ``B``.
-        bounds: This run's size bounds.
-
-    Returns:
-        The plan equalising ``overhead + b / rate`` across ranks, or None when a rank's
-        device was not measured before (the caller keeps its plan).
-    """
-    if not device_keys or any(k not in rates for k in device_keys):
-        return None
-    over = np.array([rates[k][1] for k in device_keys])
-    slope = np.array([1.0 / rates[k][0] for k in device_keys])
-    lo, hi = bounds.arrays(global_batch, len(device_keys))
-    return affine_plan(over, slope, global_batch, lo, hi)

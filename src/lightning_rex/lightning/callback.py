@@ -26,7 +26,7 @@ from lightning_rex.core.plan import Plan
 from lightning_rex.core.settings import DecisionSettings, default_looks
 from lightning_rex.driver.loop import LoopConfig, WindowDriver
 from lightning_rex.lightning.scaling import setup_scaling
-from lightning_rex.lightning.session import FitSession, StepTimeFn
+from lightning_rex.lightning.session import FitSession, SessionOptions, StepTimeFn
 
 __all__ = ["RexCallback"]
 
@@ -198,7 +198,16 @@ class RexCallback(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Open the fit's session once the train loader (and so the plan schedule) exists."""
-        self.session = FitSession.open(self, trainer, pl_module)
+        options = SessionOptions(
+            self.settings,
+            self.loop,
+            self.max_growth,
+            self.log_dir,
+            self.hang_timeout,
+            self.hang_factor,
+            self._step_time_fn,
+        )
+        self.session = FitSession.open(options, trainer, pl_module)
         loaded, self._loaded = self._loaded, None
         if self.session is not None:
             self.session.start(pl_module, loaded)

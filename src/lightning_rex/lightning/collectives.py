@@ -22,9 +22,8 @@ import torch.distributed as dist
 from lightning.fabric.plugins.collectives import TorchCollective
 
 from lightning_rex.driver.protocols import Collectives, LocalCollectives
-from lightning_rex.measure.telemetry import GpuTelemetry
 
-__all__ = ["TorchCollectives", "device_key", "driver_collectives"]
+__all__ = ["TorchCollectives", "driver_collectives"]
 
 
 class TorchCollectives:
@@ -114,21 +113,3 @@ def driver_collectives(device: torch.device) -> Collectives:
     if dist.is_available() and dist.is_initialized():
         return TorchCollectives(device)
     return LocalCollectives(1)
-
-
-def device_key(device: torch.device, telemetry: GpuTelemetry | None) -> str:
-    """A rank's device identity, to key measured rates: the GPU's name, or the device type.
-
-    Args:
-        device: The rank's device.
-        telemetry: Its NVML telemetry, if any.
-
-    Returns:
-        For example ``"NVIDIA A100-SXM4-80GB"`` or ``"cpu"``.
-    """
-    ident = telemetry.identity() if telemetry is not None else None
-    if ident is not None:
-        return str(ident["name"])
-    if device.type == "cuda":
-        return str(torch.cuda.get_device_name(device))
-    return device.type

@@ -14,9 +14,9 @@ target is a frozen schedule and the session only monitors.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -26,32 +26,53 @@ from lightning_rex.core import build
 from lightning_rex.core.plan import Plan
 from lightning_rex.core.scaling_decider import ScalingDecider
 from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.driver.exchange import ExchangeMessage
-from lightning_rex.driver.loop import WindowDriver
+from lightning_rex.driver.loop import LoopConfig, WindowDriver
 from lightning_rex.driver.protocols import Decider, PlanTarget, ScheduleTarget
 from lightning_rex.driver.records import DecisionLog
-from lightning_rex.lightning.collectives import device_key, driver_collectives
+from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.interfaces import UnevenStrategy
 from lightning_rex.lightning.progress import is_step_end, steps_done
 from lightning_rex.lightning.scaling import TrainingScaling, amp_scales, unscale_rates
 from lightning_rex.lightning.watchdog import HangWatchdog, default_store
-from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound
+from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound, device_key
 from lightning_rex.measure.timing import ComputeTimer
 
-if TYPE_CHECKING:
-    from lightning_rex.lightning.callback import RexCallback
-
-__all__ = ["FitSession", "StepTimeFn"]
+__all__ = ["FitSession", "SessionOptions", "StepTimeFn"]
 
 StepTimeFn = Callable[[int, int, int], float]
 """``fn(rank, step, micro_batch) -> seconds``: injected step times (tests and replays)."""
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What a session takes from the callback's configuration.
+
+    Attributes:
+        settings: The decision parameters.
+        loop: The window loop's settings (whether it applies plans is the strategy's call).
+        max_growth: The memory bound's growth factor.
+        log_dir: Where the decision log goes (None: the Trainer's log directory).
+        hang_timeout: The hang watchdog's floor in seconds (None: off).
+        hang_factor: The watchdog's multiple of the typical step.
+        step_time_fn: Injected step times, in place of measurements (tests, replays).
+    """
+
+    settings: DecisionSettings
+    loop: LoopConfig
+    max_growth: float
+    log_dir: str | None
+    hang_timeout: float | None
+    hang_factor: float
+    step_time_fn: StepTimeFn | None = None
 
 
 class FitSession:
     """One fit on one rank (see the module docstring); built by the callback.
 
     Args:
-        cb: The callback (its settings, loop and injected step times).
+        cb: The callback's options.
         trainer: The Trainer.
         module: The LightningModule.
         target: The plan target (the strategy's sampler, or a frozen schedule).
@@ -60,7 +81,7 @@ class FitSession:
 
     def __init__(
         self,
-        cb: RexCallback,
+        cb: SessionOptions,
         trainer: pl.Trainer,
         module: pl.LightningModule,
         target: PlanTarget,
@@ -95,12 +116,12 @@ class FitSession:
 
     @classmethod
     def open(
-        cls, cb: RexCallback, trainer: pl.Trainer, module: pl.LightningModule
+        cls, cb: SessionOptions, trainer: pl.Trainer, module: pl.LightningModule
     ) -> FitSession | None:
         """A session for the fit, or None when it cannot be monitored (no batch size).
 
         Args:
-            cb: The callback.
+            cb: The callback's options.
             trainer: The Trainer.
             module: The LightningModule.
 
@@ -225,7 +246,7 @@ class FitSession:
             return  # accumulating: the step is not done yet
         micro, self.micro = self.micro, []
         sample: Any = float("nan")
-        fn = self.cb._step_time_fn
+        fn = self.cb.step_time_fn
         with self.driver.guard("closing the step's measurement"):
             sample = self.timer.take_step()
             self.memory.step_end(max(micro, default=0))

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
@@ -30,7 +29,9 @@ from lightning_rex.data.loader import RexDataLoader, build_rex_loader
 from lightning_rex.data.sampler import UnevenBatchSampler
 from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
 from lightning_rex.driver.protocols import Resumed
+from lightning_rex.driver.scheduling import agree
 from lightning_rex.lightning.callback import RexCallback
+from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.progress import (
     loader_state_to_restore,
     set_epoch_length,
@@ -461,31 +462,21 @@ class RexStrategy(DDPStrategy):
             RuntimeError: Before the train loader is set up.
             ValueError: If the plan is invalid for this run (on every rank alike).
         """
-        if self._loader is None:
+        target = self.plan_target
+        if target is None:
             raise RuntimeError("set_plan needs the train loader: call it once fit has started")
-        sampler = self._loader.batch_sampler
-        payload = self.broadcast(
-            (tuple(int(b) for b in sizes), None if at_step is None else int(at_step)), src=0
-        )
-        if len(payload[0]) != sampler.world_size:
+        wanted = self._current_step() if at_step is None else int(at_step)
+        # rank 0's plan and step, at the first step no rank has fetched: the driver's rule
+        plan, step = agree(driver_collectives(self.root_device), target, sizes, wanted)
+        sched = target.plan_schedule
+        if len(plan) != sched.world_size:
             raise ValueError(
-                f"sizes must have one entry per rank: expected {sampler.world_size} entries, got "
-                f"{len(payload[0])} ({list(payload[0])})"
+                f"sizes must have one entry per rank: expected {sched.world_size} entries, got "
+                f"{len(plan)} ({list(plan)})"
             )
-        plan = sampler.bounds.check(payload[0], sampler.global_batch)
-        wanted = self._current_step() if payload[1] is None else payload[1]
-        fetched = sampler.last_fetched_step()
-        if dist.is_available() and dist.is_initialized():
-            t = torch.tensor([fetched], dtype=torch.int64, device=self._collective_device())
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            fetched = int(t.item())
-        effective = max(wanted, fetched + 1)
-        sampler.schedule_plan(plan, effective)
-        return effective
-
-    def _collective_device(self) -> torch.device:
-        backend = dist.get_backend() if dist.is_initialized() else "gloo"
-        return self.root_device if backend == "nccl" else torch.device("cpu")
+        sched.bounds.check(plan, sched.global_batch)  # set_plan keeps the global batch
+        target.schedule_plan(plan, step)
+        return step
 
     # ------------------------------------------------------------------ weighting
     def current_batch_sizes(self) -> Plan | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["THROTTLE_REASONS", "GpuTelemetry", "MemoryBound", "throttled"]
+__all__ = ["THROTTLE_REASONS", "GpuTelemetry", "MemoryBound", "device_key", "throttled"]
 
 # nvmlClocksEventReason* bit masks (formerly nvmlClocksThrottleReason*)
 THROTTLE_REASONS: dict[int, str] = {
@@ -209,3 +209,21 @@ class MemoryBound:
                 # measured between steps: the step's activations are back in the cache
                 caps.append(max(1, int(headroom // self.per_sample_bytes)))
         return min(caps) if caps else None
+
+
+def device_key(device: torch.device, telemetry: GpuTelemetry | None) -> str:
+    """A rank's device identity, to key measured rates: the GPU's name, or the device type.
+
+    Args:
+        device: The rank's device.
+        telemetry: Its NVML telemetry, if any.
+
+    Returns:
+        For example ``"NVIDIA A100-SXM4-80GB"`` or ``"cpu"``.
+    """
+    ident = telemetry.identity() if telemetry is not None else None
+    if ident is not None:
+        return str(ident["name"])
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    return device.type

@@ -136,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
     from lightning_rex.sim.policies import OraclePolicy, make_policy
     from lightning_rex.sim.report import aggregate, paired_ratio
     from lightning_rex.sim.scenario import ScenarioError
-    from lightning_rex.sim.schema import load_scenario
+    from lightning_rex.sim.schema import load_scenario, with_noise, with_shape_change, with_steps
     from lightning_rex.sim.scoring import run
     from lightning_rex.sim.trace import (
         read_summary,
@@ -149,11 +149,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         scen = load_scenario(args.scenario)
         if args.cv is not None or args.ar1 is not None:
-            scen = scen.with_noise(args.cv, args.ar1)
+            scen = with_noise(scen, args.cv, args.ar1)
         if args.steps is not None:
-            scen = scen.with_steps(args.steps)
+            scen = with_steps(scen, args.steps)
         if args.shape_change_s is not None:
-            scen = scen.with_shape_change(args.shape_change_s)
+            scen = with_shape_change(scen, args.shape_change_s)
     except ScenarioError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2

@@ -29,6 +29,7 @@ from lightning_rex.core.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.window import Window
 from lightning_rex.driver.loop import LoopConfig, WindowDriver
 from lightning_rex.driver.protocols import Decider, LocalCollectives, ScheduleTarget
+from lightning_rex.driver.scheduling import schedule_agreed
 from lightning_rex.sim.policies import OraclePolicy, RexPolicy
 from lightning_rex.sim.policy import Policy, PolicyInfo, as_policy
 from lightning_rex.sim.scenario import Scenario
@@ -201,9 +202,10 @@ def run_loop(
     target = ScheduleTarget(schedule)
     timed = _Timed(decider)
     clock = [0.0]
+    collectives = LocalCollectives(world_size)
     driver = WindowDriver(
         loop,
-        LocalCollectives(world_size),
+        collectives,
         target,
         lambda plan, bounds: timed,
         clock=lambda: clock[0],
@@ -222,8 +224,8 @@ def run_loop(
         driver.record(step, t)
         if on_step is not None and step + 1 < steps:
             new = on_step(step, t, plan)
-            if new is not None and tuple(new) != plan:
-                schedule.set(tuple(int(b) for b in new), step + 1)
+            if new is not None and tuple(new) != plan:  # through the plan target, as training
+                schedule_agreed(collectives, target, new, step + 1)
     driver.finish()
     return LoopRun(out, schedule.entries, driver.records, timed.ms)
 

@@ -32,7 +32,14 @@ from lightning_rex.sim.scenario import (
     ScenarioError,
 )
 
-__all__ = ["load_scenario", "scenario_from_dict", "to_dict"]
+__all__ = [
+    "load_scenario",
+    "scenario_from_dict",
+    "to_dict",
+    "with_noise",
+    "with_shape_change",
+    "with_steps",
+]
 
 
 def _rank_dict(r: RankSpec) -> dict[str, Any]:
@@ -377,3 +384,53 @@ def load_scenario(spec: str) -> Scenario:
     except RecursionError as e:
         raise ScenarioError(f"{spec}: nested too deeply to be a scenario") from e
     return scenario_from_dict(data, name=path.stem)
+
+
+def with_noise(s: Scenario, cv: float | None = None, ar1: float | None = None) -> Scenario:
+    """A copy of a scenario with the noise overridden (None keeps a value).
+
+    Args:
+        s: The scenario.
+        cv: New coefficient of variation.
+        ar1: New AR(1) coefficient (replaces any noise components).
+
+    Returns:
+        The validated copy.
+    """
+    d = to_dict(s)
+    if cv is not None:
+        d["noise"]["cv"] = cv
+    if ar1 is not None:  # one AR(1) process in place of any components
+        d["noise"].pop("components", None)
+        d["noise"]["ar1"] = ar1
+    return scenario_from_dict(d)
+
+
+def with_shape_change(s: Scenario, seconds: float) -> Scenario:
+    """A copy of a scenario that charges ``seconds`` for a new micro-batch shape.
+
+    Args:
+        s: The scenario.
+        seconds: The new ``shape_change_s`` (>= 0).
+
+    Returns:
+        The validated copy.
+    """
+    d = to_dict(s)
+    d["shape_change_s"] = seconds
+    return scenario_from_dict(d)
+
+
+def with_steps(s: Scenario, steps: int) -> Scenario:
+    """A copy of a scenario with another run length (events must still fit).
+
+    Args:
+        s: The scenario.
+        steps: The new number of steps.
+
+    Returns:
+        The validated copy.
+    """
+    d = to_dict(s)
+    d["steps"] = steps
+    return scenario_from_dict(d)

@@ -17,7 +17,8 @@ import numpy as np
 from lightning_rex.core.plan import even_plan
 from lightning_rex.driver.loop import LoopConfig
 from lightning_rex.sim.engine import Trace, simulate
-from lightning_rex.sim.policies import OraclePolicy, Policy, PolicyInfo, make_policy
+from lightning_rex.sim.policies import OraclePolicy, make_policy
+from lightning_rex.sim.policy import Policy, PolicyInfo
 from lightning_rex.sim.scenario import Scenario
 
 __all__ = ["SimResult", "metrics", "run", "scored_run"]

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -26,11 +27,12 @@ import lightning as L
 from lightning_rex.core.plan import round_fractions
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.strategy import RexStrategy
-from lightning_rex.tools.bench_cli import PER_RANK_BATCH, _log
 from lightning_rex.tools.emulator import HeterogeneityEmulator
 
-__all__ = ["BenchModel", "default_plan", "pin_rank", "run_benchmark"]
+__all__ = ["PER_RANK_BATCH", "BenchModel", "default_plan", "pin_rank", "run_benchmark"]
 
+PER_RANK_BATCH = 32
+"""Samples per rank and step: the DataLoader's ``batch_size``."""
 TOKENS = 16
 
 
@@ -298,3 +300,7 @@ def run_benchmark(
         result["ratios_rex_static"] = ratio("rex-static")
         result["ratio_rex_static_over_ddp"] = statistics.median(result["ratios_rex_static"])
     return result
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

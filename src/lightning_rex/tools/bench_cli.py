@@ -31,14 +31,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["PER_RANK_BATCH", "add_parser", "main"]
-
-PER_RANK_BATCH = 32
-"""Samples per rank and step: the DataLoader's ``batch_size``."""
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+__all__ = ["add_parser", "main"]
 
 
 @contextlib.contextmanager
@@ -137,6 +130,8 @@ def main(args: argparse.Namespace) -> int:
     Returns:
         The exit code.
     """
+    from lightning_rex.tools.bench import PER_RANK_BATCH, run_benchmark
+
     unknown = [s for s in args.compare if s not in ("ddp", "rex", "rex-static")]
     if unknown:
         raise SystemExit(f"--compare takes strategies from ddp,rex,rex-static; unknown: {unknown}")
@@ -156,8 +151,6 @@ def main(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"--warmup must be in [0, --steps), got {args.warmup}")
-    from lightning_rex.tools.bench import run_benchmark
-
     with _stdout_to_stderr():
         result = run_benchmark(args)
     if args.json:
