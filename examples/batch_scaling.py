@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import lightning as L
 import lightning_rex
 from lightning_rex import GlobalBatchScaling, HeterogeneityEmulator, RexCallback
-from lightning_rex.core.noise_scale import lr_factor
+from lightning_rex.core.scaling.noise_scale import lr_factor
 
 
 def teacher_datasets(

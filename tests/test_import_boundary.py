@@ -104,3 +104,62 @@ def test_strategy_rex_works_after_import_lightning_rex_in_any_order(imports):
         "print(type(t.strategy).__name__, t.strategy._start_method)"
     )
     assert _fresh(code) == "RexStrategy popen"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every import between the package's modules: top level, in functions, TYPE_CHECKING."""
+    mods = {}
+    for p in ROOT.rglob("*.py"):
+        parts = p.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = p
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        for n in _imports(p):
+            while n and n not in mods:
+                n = n.rsplit(".", 1)[0] if "." in n else ""
+            # a module importing its own package's __init__ (re-exports) is not a cycle
+            if n and n != m and not m.startswith(n + "."):
+                graph[m].add(n)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    # command for the figure: python -m pytest tests/test_import_boundary.py -k cycles
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader
 
 from lightning_rex import GlobalBatchScaling, RexStrategy
 from lightning_rex.core import build
-from lightning_rex.core.controller import Controller
-from lightning_rex.core.scaling_decider import ScalingDecider
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.decide.controller import Controller
+from lightning_rex.core.plans.schedule import SizeBounds
+from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.sim import RexPolicy, scenario_from_dict, simulate
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tests.helpers.noise import ar1_lognormal
 
-from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.decide.controller import Controller, Decision
 from lightning_rex.core.window import Window
 
 RATES = np.array([1000.0, 2000.0, 3000.0, 3000.0])

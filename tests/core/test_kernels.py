@@ -1,7 +1,7 @@
 import gpytorch
 import torch
 
-from lightning_rex.core.kernels import SplineKernel, bspline_basis
+from lightning_rex.core.model.kernels import SplineKernel, bspline_basis
 
 X = torch.linspace(0, 1, 41, dtype=torch.float64).unsqueeze(-1)
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from tests.helpers.noise import ar1_lognormal
 
-from lightning_rex.core.controller import Controller
-from lightning_rex.core.looks import SegmentBuffer, validation_confidences
+from lightning_rex.core.decide.controller import Controller
+from lightning_rex.core.decide.looks import SegmentBuffer, validation_confidences
 from lightning_rex.core.window import Window
 
 N, B, W = 16, 1024, 30

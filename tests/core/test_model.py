@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from lightning_rex.core.model import RankTimeModel
-from lightning_rex.core.state import StateError
+from lightning_rex.core.model.time_model import RankTimeModel
+from lightning_rex.core.saved import StateError
 
 
 def affine(b, a, rate):

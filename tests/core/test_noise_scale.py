@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_rex.core.noise_scale import (
+from lightning_rex.core.scaling.noise_scale import (
     NoiseScale,
     lr_factor,
     noise_estimates,

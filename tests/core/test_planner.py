@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_rex.core.planner import (
+from lightning_rex.core.plans.planner import (
     affine_plan,
     exploration_kappa,
     feasible_spread,
@@ -84,7 +84,7 @@ def test_large_plan_is_fast():
 
 
 def test_affine_plan_equalises_known_affine_times() -> None:
-    from lightning_rex.core.planner import affine_plan
+    from lightning_rex.core.plans.planner import affine_plan
 
     # rank 1 is 3x slower per sample, same overhead: the optimum gives rank 0 ~3x the samples
     plan = affine_plan(

@@ -6,9 +6,9 @@ from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.kernels import ConstantKernel, LinearKernel, ScaleKernel
 from gpytorch.means import LinearMean
 
-from lightning_rex.core.kernels import SplineKernel
-from lightning_rex.core.model import RankTimeModel
-from lightning_rex.core.posterior import optimistic_quantile
+from lightning_rex.core.model.kernels import SplineKernel
+from lightning_rex.core.model.posterior import optimistic_quantile
+from lightning_rex.core.model.time_model import RankTimeModel
 
 
 def fitted_model():

@@ -3,9 +3,9 @@ import json
 import numpy as np
 import pytest
 
-from lightning_rex.core.batch_scaling import BatchScaler, GlobalBatchScaling
-from lightning_rex.core.controller import Controller
-from lightning_rex.core.scaling_decider import ScalingDecider
+from lightning_rex.core.decide.controller import Controller
+from lightning_rex.core.scaling.batch_scaling import BatchScaler, GlobalBatchScaling
+from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.window import Window
 
 N, B0, PHI = 4, 64, 2000.0

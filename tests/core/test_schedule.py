@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_rex.core.schedule import PlanSchedule, SizeBounds
-from lightning_rex.core.state import StateError
+from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.saved import StateError
 
 
 def test_plans_are_a_step_function_and_later_entries_are_replaced() -> None:

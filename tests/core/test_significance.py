@@ -5,8 +5,8 @@ from hypothesis import strategies as st
 from scipy import stats
 from tests.helpers.noise import ar1_lognormal
 
-from lightning_rex.core import significance as sig
-from lightning_rex.core.significance import WindowHistory, holm, imbalance_test
+from lightning_rex.core.stats import significance as sig
+from lightning_rex.core.stats.significance import WindowHistory, holm, imbalance_test
 
 
 def test_holm_matches_definition():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from lightning_rex.core.validation import long_run_variance, non_inferiority
+from lightning_rex.core.stats.noninferiority import long_run_variance, non_inferiority
 
 
 def ar1(rng, k, rho, sd=0.05):

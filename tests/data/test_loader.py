@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from torch.utils.data import Dataset
 
-from lightning_rex.core.plan import even_plan
+from lightning_rex.core.plans.plan import even_plan
 from lightning_rex.data.loader import RexDataLoader
 from lightning_rex.data.sampler import UnevenBatchSampler
 

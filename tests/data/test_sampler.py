@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DistributedSampler
 
-from lightning_rex.core.plan import even_plan
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.plans.plan import even_plan
+from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.data.sampler import UnevenBatchSampler
 
 

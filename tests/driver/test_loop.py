@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from tests.helpers.fakes import ThreadCollectives, run_threads
 
-from lightning_rex.core.controller import Controller, Decision
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.schedule import PlanSchedule, SizeBounds
-from lightning_rex.core.state import StateError
+from lightning_rex.core.decide.controller import Controller, Decision
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.saved import StateError
 from lightning_rex.core.window import Window
 from lightning_rex.driver.errors import RexRankError
 from lightning_rex.driver.loop import LoopConfig, WindowDriver

@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from lightning_rex.core.controller import Controller, Decision
+from lightning_rex.core.decide.controller import Controller, Decision
 from lightning_rex.core.window import Window
 from lightning_rex.driver.observer import BackgroundObserver
 

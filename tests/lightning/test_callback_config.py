@@ -15,7 +15,7 @@ from tests.helpers.trainer import quiet_trainer
 
 import lightning as L
 from lightning_rex import RexCallback, RexStrategy
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound, throttled
 
 ROOT = Path(__file__).resolve().parents[2]

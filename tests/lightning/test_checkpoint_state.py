@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 import lightning as L
 from lightning_rex import RexStrategy
-from lightning_rex.core.state import StateError
+from lightning_rex.core.saved import StateError
 
 N, BS, STEPS = 500, 16, 13
 

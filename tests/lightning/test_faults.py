@@ -22,7 +22,7 @@ from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader
 
 from lightning_rex import RexStrategy
-from lightning_rex.core.controller import Controller
+from lightning_rex.core.decide.controller import Controller
 
 pytestmark = pytest.mark.distributed
 

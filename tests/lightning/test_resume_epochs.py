@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 import lightning as L
 from lightning_rex import GlobalBatchScaling, RexCallback, RexStrategy
-from lightning_rex.core.plan import even_plan
+from lightning_rex.core.plans.plan import even_plan
 
 pytestmark = pytest.mark.distributed
 

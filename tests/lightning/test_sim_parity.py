@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from lightning_rex import RexCallback, RexStrategy
 from lightning_rex.core.build import build_decider
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.sim import run_loop
 
 pytestmark = pytest.mark.distributed

@@ -1,6 +1,6 @@
 import numpy as np
 
-from lightning_rex.core.plan import even_plan
+from lightning_rex.core.plans.plan import even_plan
 from lightning_rex.sim import OraclePolicy, load_scenario, run, scenario_from_dict, simulate
 from lightning_rex.sim.schema import with_steps
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_rex.core.plan import even_plan
-from lightning_rex.core.planner import resolve_bounds
+from lightning_rex.core.plans.plan import even_plan
+from lightning_rex.core.plans.planner import resolve_bounds
 from lightning_rex.sim.lbb import (
     LBB_SIZES,
     LBBPolicy,

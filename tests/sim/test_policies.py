@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from lightning_rex.core.plan import even_plan
-from lightning_rex.core.planner import water_fill
+from lightning_rex.core.plans.plan import even_plan
+from lightning_rex.core.plans.planner import water_fill
 from lightning_rex.core.window import Window
 from lightning_rex.sim.policies import (
     OraclePolicy,

@@ -8,18 +8,23 @@ same :class:`Controller` interface.
 
 from typing import TYPE_CHECKING, Any
 
-from lightning_rex.core.controller import Controller
+from lightning_rex.core.decide.controller import Controller
 from lightning_rex.core.decision import Decision
-from lightning_rex.core.model import RankTimeModel
-from lightning_rex.core.plan import (
+from lightning_rex.core.model.time_model import RankTimeModel
+from lightning_rex.core.plans.plan import (
     Plan,
     even_plan,
     round_fractions,
     split_in_proportion,
     validate_plan,
 )
-from lightning_rex.core.planner import affine_plan, exploration_kappa, resolve_bounds, water_fill
-from lightning_rex.core.significance import (
+from lightning_rex.core.plans.planner import (
+    affine_plan,
+    exploration_kappa,
+    resolve_bounds,
+    water_fill,
+)
+from lightning_rex.core.stats.significance import (
     ImbalanceResult,
     WindowHistory,
     holm,
@@ -29,13 +34,13 @@ from lightning_rex.core.significance import (
 from lightning_rex.core.window import Window
 
 if TYPE_CHECKING:
-    from lightning_rex.core.kernels import SplineKernel, bspline_basis
+    from lightning_rex.core.model.kernels import SplineKernel, bspline_basis
 
 
 def __getattr__(name: str) -> Any:
     """The spline kernel loads GPyTorch (and torch), so it is imported when first used."""
     if name in ("SplineKernel", "bspline_basis"):
-        from lightning_rex.core import kernels
+        from lightning_rex.core.model import kernels
 
         return getattr(kernels, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

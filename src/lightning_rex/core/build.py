@@ -1,9 +1,9 @@
 """The one place that turns settings into a decider: training and the simulator both call it.
 
-:func:`build_decider` builds the :class:`~lightning_rex.core.controller.Controller` from
+:func:`build_decider` builds the :class:`~lightning_rex.core.decide.controller.Controller` from
 :class:`~lightning_rex.core.settings.DecisionSettings`, the plan in force, the run's base
 global batch, the size bounds and the ranks' device identities, and wraps it in a
-:class:`~lightning_rex.core.scaling_decider.ScalingDecider` when global batch scaling is on.
+:class:`~lightning_rex.core.scaling.scaling_decider.ScalingDecider` when global batch scaling is on.
 :func:`check_decider_state` checks a checkpoint's decider state for the decider these
 settings build. :class:`~lightning_rex.RexCallback` and the simulator's rex policy call
 these and nothing else, so a simulated rex is the rex that trains.
@@ -15,11 +15,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_rex.core.batch_scaling import BatchScaler
-from lightning_rex.core.controller import Controller
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.scaling_decider import ScalingDecider
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.decide.controller import Controller
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.schedule import SizeBounds
+from lightning_rex.core.scaling.batch_scaling import BatchScaler
+from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.settings import DecisionSettings
 
 __all__ = ["build_decider", "check_decider_state"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.state import StateError, field, flag, int_list, optional, real, whole
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.saved import StateError, field, flag, int_list, optional, real, whole
 
 __all__ = ["Decision", "DecisionKind"]
 
@@ -25,7 +25,7 @@ class Decision:
             the proposed plan (propose), or of the plan under validation (accept/rollback).
         measured_step_s: The window's measured max over ranks of per-rank medians.
         significance: The window's imbalance test, summarised as
-            :meth:`~lightning_rex.core.significance.ImbalanceResult.to_dict` gives it (None
+            :meth:`~lightning_rex.core.stats.significance.ImbalanceResult.to_dict` gives it (None
             when no test ran).
         reason: A short human-readable explanation.
         step_end: The last step (exclusive) of the window that led to this decision.

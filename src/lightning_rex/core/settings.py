@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_rex.core.batch_scaling import GlobalBatchScaling
+from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
 
 __all__ = ["DecisionSettings", "default_looks"]
 

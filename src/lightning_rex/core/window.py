@@ -1,7 +1,7 @@
 """One observation window: every rank's own compute time per step, under one plan.
 
 A :class:`Window` is what a driver (the simulator, the Lightning callback, a user's loop)
-hands to :meth:`lightning_rex.core.controller.Controller.observe` once every ``K`` steps:
+hands to :meth:`lightning_rex.core.decide.controller.Controller.observe` once every ``K`` steps:
 an ``N x K`` array of seconds, the plan the steps ran under and the step range. Times are
 each rank's *own* compute time (excluding waits for peers), so that differences between
 ranks carry the imbalance signal.

@@ -9,7 +9,7 @@ sampler computes its grid from its plan schedule, and so does the check of a sav
 
 from __future__ import annotations
 
-from lightning_rex.core.schedule import PlanSchedule
+from lightning_rex.core.plans.schedule import PlanSchedule
 
 __all__ = ["Grid", "batch_grid", "grid_first_sample", "grid_length"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.sampler import UnevenBatchSampler
 
 __all__ = ["RexDataLoader", "build_rex_loader"]

@@ -23,7 +23,7 @@ on another world size. A
 change is scheduled only at a step no rank has fetched, so every rank cuts the same grid, and
 every sample of the epoch is still used once.
 
-The sampler is the home of the run's :class:`~lightning_rex.core.schedule.PlanSchedule` (the
+The sampler is the home of the run's :class:`~lightning_rex.core.plans.schedule.PlanSchedule` (the
 window driver's :class:`~lightning_rex.driver.protocols.PlanTarget`): every plan it serves is
 checked against the global batch and the size bounds, and so is every entry of a
 checkpoint's state before the run resumes.
@@ -37,9 +37,9 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler, Sampler
 
-from lightning_rex.core.plan import Plan, even_plan, split_in_proportion
-from lightning_rex.core.schedule import PlanSchedule, SizeBounds
-from lightning_rex.core.state import StateError, field, int_list, whole
+from lightning_rex.core.plans.plan import Plan, even_plan, split_in_proportion
+from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.saved import StateError, field, int_list, whole
 from lightning_rex.data.grid import Grid, batch_grid, grid_first_sample, grid_length
 
 __all__ = ["UnevenBatchSampler"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_rex.core.plan import Plan
+from lightning_rex.core.plans.plan import Plan
 
 __all__ = ["ExchangeMessage"]
 

@@ -44,17 +44,17 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core.decision import Decision
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.planner import device_rates, plan_from_device_rates
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.planner import device_rates, plan_from_device_rates
+from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.core.window import Window
+from lightning_rex.driver.checkpoint import STATE_VERSION, check_state, pending_to_state
 from lightning_rex.driver.errors import RexRankError
 from lightning_rex.driver.exchange import ExchangeMessage
 from lightning_rex.driver.observer import BackgroundObserver, Pending
 from lightning_rex.driver.protocols import Collectives, Decider, PlanTarget
 from lightning_rex.driver.records import build_record
 from lightning_rex.driver.scheduling import agreed_step
-from lightning_rex.driver.state import STATE_VERSION, check_state, pending_to_state
 
 __all__ = ["LoopConfig", "WindowDriver"]
 
@@ -544,7 +544,7 @@ class WindowDriver:
         and saves the decisions not yet exchanged.
 
         Returns:
-            JSON-able data (see :mod:`lightning_rex.driver.state`).
+            JSON-able data (see :mod:`lightning_rex.driver.checkpoint`).
 
             Empty after a :class:`RexRankError` (every rank raised it together, and a save
             while handling it, such as Lightning's ``OnExceptionCheckpoint``, must not

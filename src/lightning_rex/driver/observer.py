@@ -6,7 +6,7 @@ up until the driver takes the ones that are ready at an exchange step. A decisio
 computed is simply not ready: the exchange says "none" and the training thread never waits
 for the decider (an occasional hyperparameter refit takes a few hundred milliseconds of CPU).
 
-An outcome is a :class:`~lightning_rex.core.controller.Decision` or the exception the decider
+An outcome is a :class:`~lightning_rex.core.decide.controller.Decision` or the exception the decider
 raised: an error in the thread is never raised there (nobody would see it) nor on rank 0
 alone (its peers would hang); the driver sends it through the next exchange, and every rank
 raises it.

@@ -11,9 +11,9 @@
 * :class:`PlanTarget`: the home of the plan schedule. The plan at a step
   (``plan_schedule.plan_at``), setting a plan from a step (``schedule_plan``), and the first step
   whose batches nobody has fetched yet (``first_free_step``). In training it is the uneven
-  batch sampler; in the simulator a plain :class:`~lightning_rex.core.schedule.PlanSchedule`.
+  batch sampler; in the simulator a plain :class:`~lightning_rex.core.plans.schedule.PlanSchedule`.
 * :class:`Decider`: what turns windows into decisions, on the process hosting rank 0. The
-  :class:`~lightning_rex.core.controller.Controller` is one; the simulator wraps its baseline
+  :class:`~lightning_rex.core.decide.controller.Controller` is one; the simulator wraps its baseline
   policies into one.
 
 Every collective method is called by every process at the same point of the loop.
@@ -28,8 +28,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from lightning_rex.core.decision import Decision
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.schedule import PlanSchedule
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.schedule import PlanSchedule
 from lightning_rex.core.window import Window
 
 __all__ = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from lightning_rex.core.plan import Plan
+from lightning_rex.core.plans.plan import Plan
 from lightning_rex.driver.protocols import Collectives, PlanTarget
 
 __all__ = ["agree", "agreed_step", "schedule_agreed"]

@@ -21,8 +21,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from lightning_rex.core.batch_scaling import GlobalBatchScaling
-from lightning_rex.core.plan import Plan
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
 from lightning_rex.core.settings import DecisionSettings, default_looks
 from lightning_rex.driver.loop import LoopConfig, WindowDriver
 from lightning_rex.lightning.scaling import setup_scaling
@@ -75,7 +75,7 @@ class RexCallback(Callback):
         global_batch: Global batch scaling (opt-in, off by default): the global batch
             follows goodput within ``[min_global_batch, max_global_batch]``, each change
             validated, the learning rate following the chosen rule (see
-            :class:`~lightning_rex.core.batch_scaling.GlobalBatchScaling`). Needs
+            :class:`~lightning_rex.core.scaling.batch_scaling.GlobalBatchScaling`). Needs
             ``strategy="rex"`` and automatic optimization.
         hang_timeout: The hang watchdog (on several ranks): when a rank makes no progress in
             its training steps for this many seconds, or ``hang_factor`` times the slowest
@@ -269,7 +269,7 @@ class RexCallback(Callback):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The window loop's state (see :mod:`lightning_rex.driver.state`).
+        """The window loop's state (see :mod:`lightning_rex.driver.checkpoint`).
 
         Called on every rank when Lightning dumps a checkpoint; it gathers the partial window
         (one collective), so every rank must save checkpoints together, as Lightning does.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.data.weighting import LossReduction
 from lightning_rex.driver.protocols import PlanTarget
 

@@ -1,7 +1,7 @@
 """Global batch scaling in training: per-step gradient norms and the learning-rate rule.
 
 :class:`GradientNorms` measures what the noise-scale estimator needs
-(:mod:`lightning_rex.core.noise_scale`), every optimizer step, on every rank:
+(:mod:`lightning_rex.core.scaling.noise_scale`), every optimizer step, on every rank:
 
 * this rank's *local* squared gradient norm before DDP's all-reduce: a tensor hook on every
   parameter sees the gradient of this backward before it is accumulated (DDP reduces after
@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_rex.core.batch_scaling import GlobalBatchScaling
-from lightning_rex.core.noise_scale import LR_RULES, NoiseScale, lr_factor
-from lightning_rex.core.state import StateError, field, real, whole
+from lightning_rex.core.saved import StateError, field, real, whole
+from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
+from lightning_rex.core.scaling.noise_scale import LR_RULES, NoiseScale, lr_factor
 from lightning_rex.data.weighting import LossReduction, loss_scale
 
 __all__ = [

@@ -23,9 +23,9 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_rex.core import build
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.scaling_decider import ScalingDecider
-from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.driver.exchange import ExchangeMessage
 from lightning_rex.driver.loop import LoopConfig, WindowDriver

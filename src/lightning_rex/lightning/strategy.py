@@ -23,8 +23,8 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
-from lightning_rex.core.plan import Plan, even_plan, round_fractions
-from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
+from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
 from lightning_rex.data.sampler import UnevenBatchSampler
 from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
@@ -235,18 +235,21 @@ class RexStrategy(DDPStrategy):
 
     def _configure_launcher(self) -> None:
         # runs when the Trainer is built, before any process group exists
-        n = self._expected_world_size
-        if self.micro_batch_sizes is not None and n > 0 and len(self.micro_batch_sizes) != n:
-            raise ValueError(
-                f"micro_batch_sizes must have one entry per rank: the world size is {n}, got "
-                f"{len(self.micro_batch_sizes)} entries ({list(self.micro_batch_sizes)})"
-            )
-        if self.batch_fractions is not None and n > 0 and len(self.batch_fractions) != n:
-            raise ValueError(
-                f"batch_fractions must have one entry per rank: the world size is {n}, got "
-                f"{len(self.batch_fractions)} entries ({list(self.batch_fractions)})"
-            )
+        if self._expected_world_size > 0:
+            self._check_per_rank(self._expected_world_size)
         super()._configure_launcher()
+
+    def _check_per_rank(self, n: int) -> None:
+        """The per-rank arguments have one entry per rank (the one check of their length)."""
+        for name, value in (
+            ("micro_batch_sizes", self.micro_batch_sizes),
+            ("batch_fractions", self.batch_fractions),
+        ):
+            if value is not None and len(value) != n:
+                raise ValueError(
+                    f"{name} must have one entry per rank: the world size is {n}, got "
+                    f"{len(value)} entries ({list(value)})"
+                )
 
     def setup_environment(self) -> None:
         """Attach a default :class:`~lightning_rex.RexCallback` when adaptive and none is given.
@@ -315,19 +318,10 @@ class RexStrategy(DDPStrategy):
         n = self.world_size
         bounds = self.bounds
         bounds.check_feasible(global_batch, n)
+        self._check_per_rank(n)
         if self.micro_batch_sizes is not None:
-            if len(self.micro_batch_sizes) != n:
-                raise ValueError(
-                    f"micro_batch_sizes must have one entry per rank: the world size is {n}, got "
-                    f"{len(self.micro_batch_sizes)} entries ({list(self.micro_batch_sizes)})"
-                )
             return bounds.check(self.micro_batch_sizes, global_batch, "micro_batch_sizes")
         if self.batch_fractions is not None:
-            if len(self.batch_fractions) != n:
-                raise ValueError(
-                    f"batch_fractions must have one entry per rank: expected {n}, got "
-                    f"{len(self.batch_fractions)}"
-                )
             plan = round_fractions(self.batch_fractions, global_batch, bounds.min_size)
             return bounds.check(plan, global_batch, "batch_fractions")
         return bounds.check(even_plan(global_batch, n), global_batch, "the even plan")

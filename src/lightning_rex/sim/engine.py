@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core.decision import Decision
-from lightning_rex.core.plan import Plan, even_plan
-from lightning_rex.core.schedule import PlanSchedule, SizeBounds
+from lightning_rex.core.plans.plan import Plan, even_plan
+from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.window import Window
 from lightning_rex.driver.loop import LoopConfig, WindowDriver
 from lightning_rex.driver.protocols import Decider, LocalCollectives, ScheduleTarget

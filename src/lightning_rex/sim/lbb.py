@@ -13,7 +13,7 @@ from typing import Literal
 import numpy as np
 from scipy.optimize import minimize
 
-from lightning_rex.core.plan import Plan
+from lightning_rex.core.plans.plan import Plan
 from lightning_rex.sim.peers import StepPolicy, repair_plan
 from lightning_rex.sim.policy import PolicyInfo
 

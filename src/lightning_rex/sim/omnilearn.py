@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_rex.core.plan import Plan
+from lightning_rex.core.plans.plan import Plan
 from lightning_rex.sim.peers import StepPolicy, repair_plan
 from lightning_rex.sim.policy import PolicyInfo
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_rex.core.planner import resolve_bounds
+from lightning_rex.core.plans.planner import resolve_bounds
 from lightning_rex.sim.policy import PolicyBase, PolicyInfo
 
 __all__ = ["StepPolicy", "repair_plan"]

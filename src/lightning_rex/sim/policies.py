@@ -23,15 +23,15 @@ import numpy as np
 
 from lightning_rex.core import build
 from lightning_rex.core.decision import Decision
-from lightning_rex.core.plan import Plan, round_fractions
-from lightning_rex.core.planner import (
+from lightning_rex.core.plans.plan import Plan, round_fractions
+from lightning_rex.core.plans.planner import (
     affine_plan,
     feasible_spread,
     resolve_bounds,
     size_horizon,
     water_fill,
 )
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.core.window import Window
 from lightning_rex.sim.lbb import LBBPolicy

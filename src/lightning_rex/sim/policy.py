@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lightning_rex.core.plan import Plan
+from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.window import Window
 
 __all__ = ["Policy", "PolicyBase", "PolicyInfo", "as_policy"]

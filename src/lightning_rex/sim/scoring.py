@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.plan import even_plan
+from lightning_rex.core.plans.plan import even_plan
 from lightning_rex.driver.loop import LoopConfig
 from lightning_rex.sim.engine import Trace, simulate
 from lightning_rex.sim.policies import OraclePolicy, make_policy

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning as L
-from lightning_rex.core.plan import round_fractions
+from lightning_rex.core.plans.plan import round_fractions
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.strategy import RexStrategy
 from lightning_rex.tools.emulator import HeterogeneityEmulator

@@ -1,17 +1,19 @@
 """The REX controller: a state machine that turns windows into plan decisions.
 
 One :meth:`Controller.observe` call per window (docs/controller.md has the full account):
-**steady** windows teach the :class:`~lightning_rex.core.model.RankTimeModel` and are tested
-for an imbalance; a persistent one (:func:`~lightning_rex.core.persistence.triggered`) makes
-the planner **propose** the plan minimising the posterior's optimistic quantile of the step
-time, if it is predicted ``min_gain`` faster. A new plan is **validated**
-(:mod:`~lightning_rex.core.validating`): **accept**, **rollback**, or one more window; an
-accepted change that helped and leaves a significant imbalance is refined at once. A window
-under a plan the controller did not expect (a user's own ``set_plan``) is **adopted**.
+**steady** windows teach the :class:`~lightning_rex.core.model.time_model.RankTimeModel`
+and are tested for an imbalance; a persistent one
+(:func:`~lightning_rex.core.stats.persistence.triggered`) makes the planner **propose**
+the plan minimising the posterior's optimistic quantile of the step time, if it is
+predicted ``min_gain`` faster. A new plan is **validated**
+(:mod:`~lightning_rex.core.decide.validating`): **accept**, **rollback**, or one more
+window; an accepted change that helped and leaves a significant imbalance is refined at
+once. A window under a plan the controller did not expect (a user's own ``set_plan``) is
+**adopted**.
 
 The parameters come from a :class:`~lightning_rex.core.settings.DecisionSettings`, the working
-state lives in one :class:`~lightning_rex.core.controller_state.ControllerState`, and the
-sequential looks in :class:`~lightning_rex.core.looks.Looks`. Bounds can change at run time
+state lives in one :class:`~lightning_rex.core.decide.controller_state.ControllerState`, and the
+sequential looks in :class:`~lightning_rex.core.decide.looks.Looks`. Bounds can change at run time
 (:meth:`Controller.set_bounds`); :meth:`Controller.try_plan` validates a plan chosen outside.
 Everything is deterministic for a seed, and the state round-trips as JSON-able data.
 """
@@ -25,24 +27,24 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.controller_state import (
+from lightning_rex.core.decide.controller_state import (
     BASELINE_WINDOWS,
     ControllerState,
     Phase,
     check_controller_state,
 )
+from lightning_rex.core.decide.looks import Looks
+from lightning_rex.core.decide.validating import measure_trial
 from lightning_rex.core.decision import Decision, DecisionKind
-from lightning_rex.core.looks import Looks
-from lightning_rex.core.model import RankTimeModel
-from lightning_rex.core.persistence import triggered
-from lightning_rex.core.plan import Plan, even_plan, validate_plan
-from lightning_rex.core.planner import exploration_kappa, resolve_bounds
-from lightning_rex.core.proposal import best_plan_for, propose_plan, refit_when_due
-from lightning_rex.core.schedule import SizeBounds
+from lightning_rex.core.model.time_model import RankTimeModel
+from lightning_rex.core.plans.plan import Plan, even_plan, validate_plan
+from lightning_rex.core.plans.planner import exploration_kappa, resolve_bounds
+from lightning_rex.core.plans.proposal import best_plan_for, propose_plan, refit_when_due
+from lightning_rex.core.plans.schedule import SizeBounds
+from lightning_rex.core.saved import StateError
 from lightning_rex.core.settings import DecisionSettings
-from lightning_rex.core.significance import ImbalanceResult, WindowHistory, imbalance_test
-from lightning_rex.core.state import StateError
-from lightning_rex.core.validating import measure_trial
+from lightning_rex.core.stats.persistence import triggered
+from lightning_rex.core.stats.significance import ImbalanceResult, WindowHistory, imbalance_test
 from lightning_rex.core.window import Window
 
 __all__ = ["Controller", "Decision"]
@@ -61,12 +63,12 @@ class Controller:
         initial_plan: The plan in force at the start; the even split when None.
         groups: Per-rank device labels (None entries for unlabelled ranks), or None. Ranks
             with the same label share one time curve until one of them changes speed (see
-            :class:`~lightning_rex.core.model.RankTimeModel`).
+            :class:`~lightning_rex.core.model.time_model.RankTimeModel`).
         max_global_batch: The largest global batch the run may move to (global batch
             scaling, :meth:`set_global_batch`); None: ``global_batch`` stays.
         looks: Looks per window: with more than one, :meth:`observe` takes segments of a
             window (``window_steps / looks`` steps each) and acts before the window is whole
-            when the evidence is already clear (:mod:`~lightning_rex.core.looks`).
+            when the evidence is already clear (:mod:`~lightning_rex.core.decide.looks`).
         window_steps: Steps of a whole window; required when ``looks > 1``.
         **overrides: Fields of ``settings`` to replace (``alpha=0.05``, ``persistence=3``...).
 
@@ -165,7 +167,7 @@ class Controller:
             global_batch: The global batch (within the size bounds).
 
         Returns:
-            ``(plan, seconds)`` (:func:`~lightning_rex.core.proposal.best_plan_for`).
+            ``(plan, seconds)`` (:func:`~lightning_rex.core.plans.proposal.best_plan_for`).
 
         Raises:
             RuntimeError: Before the first window.
@@ -421,7 +423,7 @@ class Controller:
 
     #: Check saved state against the run's ``B`` and ``N`` without loading it (every rank can
     #: run it; only rank 0 holds a controller): see
-    #: :func:`~lightning_rex.core.controller_state.check_controller_state`.
+    #: :func:`~lightning_rex.core.decide.controller_state.check_controller_state`.
     check_state = staticmethod(check_controller_state)
 
     def load_state_dict(self, d: dict[str, Any]) -> None:

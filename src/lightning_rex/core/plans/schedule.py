@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.plan import Plan, validate_plan
-from lightning_rex.core.planner import resolve_bounds
-from lightning_rex.core.state import StateError, int_list, whole
+from lightning_rex.core.plans.plan import Plan, validate_plan
+from lightning_rex.core.plans.planner import resolve_bounds
+from lightning_rex.core.saved import StateError, int_list, whole
 
 __all__ = ["PlanSchedule", "SizeBounds"]
 

@@ -2,19 +2,19 @@
 
 The objective is the synchronous step time ``max_r t_r(b_r)`` over integer plans summing to
 ``B``. The acquisition is the posterior's optimistic quantile ``mean - kappa * sd`` (read
-through BoTorch, :func:`~lightning_rex.core.posterior.optimistic_quantile`), and its exact
+through BoTorch, :func:`~lightning_rex.core.model.posterior.optimistic_quantile`), and its exact
 minimiser over plans is found by water-filling
-(:func:`~lightning_rex.core.planner.water_fill`). Only the sizes that can matter are
-tabulated (:func:`~lightning_rex.core.planner.size_horizon`).
+(:func:`~lightning_rex.core.plans.planner.water_fill`). Only the sizes that can matter are
+tabulated (:func:`~lightning_rex.core.plans.planner.size_horizon`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from lightning_rex.core.model import RankTimeModel
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.planner import size_horizon, water_fill
+from lightning_rex.core.model.time_model import RankTimeModel
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.planner import size_horizon, water_fill
 
 __all__ = ["best_plan_for", "propose_plan"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from lightning_rex.core.plan import Plan
+from lightning_rex.core.plans.plan import Plan
 
 __all__ = [
     "affine_plan",

@@ -5,7 +5,7 @@ sequential looks, also part of one: :func:`closes_early`). :func:`judge` compare
 measured under it with the old plan's baseline:
 
 * **accept** when the non-inferiority test
-  (:func:`~lightning_rex.core.validation.non_inferiority`) shows it is not slower than the
+  (:func:`~lightning_rex.core.stats.noninferiority.non_inferiority`) shows it is not slower than the
   old plan by more than the margin, and it is not far slower than the model predicted;
 * **rollback** when it is not shown within the margin after two windows (or is shown
   slower after one), or when its measured step time exceeds the prediction by more than
@@ -14,7 +14,7 @@ measured under it with the old plan's baseline:
 
 Each whole-window look runs at half the error rate left by the early looks (Bonferroni),
 so that accepting a plan truly slower than the margin stays below ``1 - confidence`` over
-all of them (:func:`~lightning_rex.core.looks.validation_confidences`).
+all of them (:func:`~lightning_rex.core.decide.looks.validation_confidences`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from lightning_rex.core.validation import non_inferiority
+from lightning_rex.core.stats.noninferiority import non_inferiority
 
 if TYPE_CHECKING:
-    from lightning_rex.core.controller_state import ControllerState
-    from lightning_rex.core.model import RankTimeModel
+    from lightning_rex.core.decide.controller_state import ControllerState
+    from lightning_rex.core.model.time_model import RankTimeModel
     from lightning_rex.core.settings import DecisionSettings
     from lightning_rex.core.window import Window
 

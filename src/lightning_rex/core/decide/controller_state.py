@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lightning_rex.core.model import RankTimeModel
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.state import (
+from lightning_rex.core.model.time_model import RankTimeModel
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.saved import (
     StateError,
     flag,
     float_list,
@@ -27,7 +27,7 @@ from lightning_rex.core.state import (
     real,
     whole,
 )
-from lightning_rex.core.state import field as state_field
+from lightning_rex.core.saved import field as state_field
 
 __all__ = ["BASELINE_WINDOWS", "ControllerState", "Phase", "check_controller_state"]
 

@@ -2,13 +2,13 @@
 
 :class:`ScalingDecider` is what the window loop drives when global batch scaling is on
 (``RexCallback(global_batch=GlobalBatchScaling(...))``). Every window goes to the
-:class:`~lightning_rex.core.controller.Controller` first, which splits the batch in force.
+:class:`~lightning_rex.core.decide.controller.Controller` first, which splits the batch in force.
 While the controller is steady and has nothing to do, the window's step times are also
-evidence for the :class:`~lightning_rex.core.batch_scaling.BatchScaler`. When that proposes
+evidence for the :class:`~lightning_rex.core.scaling.batch_scaling.BatchScaler`. When that proposes
 another global batch, the decision is a ``propose`` whose plan sums to the new batch: the
 controller's model gives the plan, and the loop applies it like any plan, at a step boundary
 on every rank. The next ``window_steps`` steps under the new batch are then validated for a
-significant goodput gain (:meth:`~lightning_rex.core.batch_scaling.BatchScaler.validate`). A
+significant goodput gain (:meth:`~lightning_rex.core.scaling.batch_scaling.BatchScaler.validate`). A
 gain is kept (``accept``). Anything else is rolled back to the old batch and plan
 (``rollback``).
 
@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.batch_scaling import BatchScaler, GlobalBatchScaling
-from lightning_rex.core.controller import Controller
-from lightning_rex.core.controller_state import check_controller_state
+from lightning_rex.core.decide.controller import Controller
+from lightning_rex.core.decide.controller_state import check_controller_state
 from lightning_rex.core.decision import Decision
-from lightning_rex.core.plan import Plan
-from lightning_rex.core.state import StateError, field, float_list, int_list, whole
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.saved import StateError, field, float_list, int_list, whole
+from lightning_rex.core.scaling.batch_scaling import BatchScaler, GlobalBatchScaling
 from lightning_rex.core.window import Window
 
 __all__ = ["ScalingDecider"]

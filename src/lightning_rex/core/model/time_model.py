@@ -4,7 +4,7 @@ Every rank's compute time for micro-batch ``b`` is modelled as
 
     t_r(b) = a_r + b / rate_r + f_r(b),   f_r ~ GP(0, s^2 k_spline)
 
-where ``k_spline`` is :class:`~lightning_rex.core.kernels.SplineKernel` on a log scale over
+where ``k_spline`` is :class:`~lightning_rex.core.model.kernels.SplineKernel` on a log scale over
 the sizes a rank can plausibly get, ``[b_ref / 16, 16 b_ref]`` clipped to ``[1, b_max]``
 (``b_ref = B / N``): knots a constant ratio apart (1.53x with 16 cubic basis functions), so
 a knee at 24 samples and a memory wall at 250 are both resolved whatever ``B``. (Over
@@ -23,7 +23,7 @@ by its first observed median (its device group's median, when pooled), so one se
 hyperparameters serves every rank. Device groups pool partially (see ``groups``).
 
 Hyperparameters. The residual scale ``s^2``, one for all ranks, is fitted with BoTorch
-(:mod:`lightning_rex.core.fit`). The controller refits only when it needs a proposal. The
+(:mod:`lightning_rex.core.model.fit`). The controller refits only when it needs a proposal. The
 posterior is exposed as a BoTorch model (:meth:`RankTimeModel.posterior_model`), which the
 planner reads.
 
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_rex.core.state import (
+from lightning_rex.core.saved import (
     StateError,
     field,
     float_list,
@@ -55,7 +55,7 @@ from lightning_rex.core.state import (
 if TYPE_CHECKING:  # torch and BoTorch load when a model is built, not on import
     import torch
 
-    from lightning_rex.core.posterior import SplineAffineModel
+    from lightning_rex.core.model.posterior import SplineAffineModel
 
 __all__ = ["RankTimeModel"]
 
@@ -116,7 +116,7 @@ class RankTimeModel:
         seed: int = 0,
         groups: Sequence[str | None] | None = None,
     ) -> None:
-        from lightning_rex.core.kernels import SplineKernel
+        from lightning_rex.core.model.kernels import SplineKernel
 
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -311,7 +311,7 @@ class RankTimeModel:
 
     # ------------------------------------------------------------- predict
     def posterior_model(self) -> SplineAffineModel:
-        """The current posterior as a BoTorch model (see :mod:`lightning_rex.core.posterior`).
+        """The current posterior as a BoTorch model (see :mod:`lightning_rex.core.model.posterior`).
 
         A rank whose fitted slope is not positive (a change it has not yet been told about,
         or too little spread in its sizes) would offer "free" capacity to the planner: it
@@ -326,7 +326,7 @@ class RankTimeModel:
         """
         import torch
 
-        from lightning_rex.core.posterior import SplineAffineModel
+        from lightning_rex.core.model.posterior import SplineAffineModel
 
         if self.scale is None:
             raise RuntimeError("the model has no observations yet")
@@ -353,7 +353,7 @@ class RankTimeModel:
         """Posterior mean and optimistic quantile of every rank's time on a size grid.
 
         Both are read from :meth:`posterior_model`'s ``posterior()``; the quantile is
-        BoTorch's (:func:`~lightning_rex.core.posterior.optimistic_quantile`).
+        BoTorch's (:func:`~lightning_rex.core.model.posterior.optimistic_quantile`).
 
         Args:
             sizes: Increasing micro-batch sizes, shape ``(G,)``.
@@ -367,7 +367,7 @@ class RankTimeModel:
         """
         import torch
 
-        from lightning_rex.core.posterior import optimistic_quantile
+        from lightning_rex.core.model.posterior import optimistic_quantile
 
         model = self.posterior_model()
         grid = torch.as_tensor(np.asarray(sizes, dtype=np.float64))
@@ -419,7 +419,7 @@ class RankTimeModel:
         Returns:
             The residual scale in use afterwards.
         """
-        from lightning_rex.core.fit import fit_residual_scale
+        from lightning_rex.core.model.fit import fit_residual_scale
 
         if self.n_obs < 3 or self.scale is None:
             return self.outputscale

@@ -2,7 +2,7 @@
 
 **Objective.** Goodput(B) = throughput(B) x statistical efficiency(B) (Pollux, Qiao et al.,
 OSDI 2021): samples per second times the progress per sample relative to the base batch
-``B0`` (:func:`~lightning_rex.core.noise_scale.statistical_efficiency`, from the smoothed
+``B0`` (:func:`~lightning_rex.core.scaling.noise_scale.statistical_efficiency`, from the smoothed
 gradient noise scale). Its logarithm is
 
     log B + log E(B) - log t(B),
@@ -11,10 +11,10 @@ with ``t(B)`` the synchronous step time of the best plan for ``B``.
 
 **Model (1-D Bayesian optimisation).** The prior mean of ``log t(B)`` comes from the rank time
 model: the water-filled plan for ``B`` and its predicted step time (``predict``, supplied by
-the caller; :meth:`~lightning_rex.core.controller.Controller.predict_step_time`). The
+the caller; :meth:`~lightning_rex.core.decide.controller.Controller.predict_step_time`). The
 residual ``log t_measured(B) - log t_predicted(B)`` of every window measured at some ``B`` is
 modelled by a BoTorch ``SingleTaskGP`` whose kernel is the same spline kernel as the rank
-model's (:class:`~lightning_rex.core.kernels.SplineKernel` on ``log B`` over
+model's (:class:`~lightning_rex.core.model.kernels.SplineKernel` on ``log B`` over
 ``[min_global_batch, max_global_batch]``), with each window's noise variance fixed from its
 own steps. The next ``B`` maximises the upper confidence bound of log goodput (BoTorch's
 ``UpperConfidenceBound`` of the residual, plus the known terms) over a geometric grid of
@@ -38,16 +38,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_rex.core.noise_scale import (
+from lightning_rex.core.saved import StateError, real, whole
+from lightning_rex.core.saved import field as state_field
+from lightning_rex.core.scaling.noise_scale import (
     LR_RULES,
     LrRule,
     NoiseScale,
     lr_factor,
     statistical_efficiency,
 )
-from lightning_rex.core.state import StateError, real, whole
-from lightning_rex.core.state import field as state_field
-from lightning_rex.core.validation import long_run_variance, non_inferiority
+from lightning_rex.core.stats.noninferiority import long_run_variance, non_inferiority
 
 if TYPE_CHECKING:  # torch loads when the scaler models goodput, not on import
     import torch
@@ -263,7 +263,7 @@ class BatchScaler:
         from botorch.models import SingleTaskGP
         from gpytorch.kernels import ScaleKernel
 
-        from lightning_rex.core.kernels import SplineKernel
+        from lightning_rex.core.model.kernels import SplineKernel
 
         x = self._x(np.array([o.batch for o in self._obs]))
         y = torch.tensor([[o.log_t - o.pred] for o in self._obs], dtype=torch.float64)

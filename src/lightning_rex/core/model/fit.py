@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_rex.core.kernels import SplineKernel
+from lightning_rex.core.model.kernels import SplineKernel
 
 __all__ = ["fit_residual_scale"]
 

@@ -6,7 +6,7 @@ joins consecutive segments of one plan (:class:`SegmentBuffer`) and, after every
 looks at the partial window:
 
 * **steady**: :func:`early_imbalance` runs the persistence rule
-  (:func:`~lightning_rex.core.persistence.persistent_ranks`) on the windows before and the
+  (:func:`~lightning_rex.core.stats.persistence.persistent_ranks`) on the windows before and the
   partial window, at a level ten times stricter (``alpha / 10``, ``consistency / 10``) and for
   an effect twice the practical one. A large, clear imbalance is acted on before the window
   ends; a small one waits for the whole window, exactly as without looks. When the rule
@@ -14,9 +14,9 @@ looks at the partial window:
   straggler must not have started inside the first window of the span: one that began late
   in the window before and fills the partial one may be a transient of a window or less.
 * **validating**: the non-inferiority test
-  (:func:`~lightning_rex.core.validation.non_inferiority`) runs on the steps measured so far
-  under the new plan. An early look that shows the plan within the margin, or shows it
-  worse, ends the validation at once.
+  (:func:`~lightning_rex.core.stats.noninferiority.non_inferiority`) runs on the steps
+  measured so far under the new plan. An early look that shows the plan within the margin,
+  or shows it worse, ends the validation at once.
 
 Error rates stay bounded by spending: the family-wise false-alarm level of a window is at
 most ``alpha (1 + (looks - 1) / 10)`` (a union bound over its looks). Validation splits its
@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_rex.core.persistence import cold_start_ranks, persistent_ranks, pointing
-from lightning_rex.core.significance import ending_p_value, imbalance_test
-from lightning_rex.core.validation import non_inferiority
+from lightning_rex.core.stats.noninferiority import non_inferiority
+from lightning_rex.core.stats.persistence import cold_start_ranks, persistent_ranks, pointing
+from lightning_rex.core.stats.significance import ending_p_value, imbalance_test
 from lightning_rex.core.window import Window
 
 if TYPE_CHECKING:
-    from lightning_rex.core.controller_state import ControllerState
+    from lightning_rex.core.decide.controller_state import ControllerState
     from lightning_rex.core.settings import DecisionSettings
 
 __all__ = [
@@ -161,7 +161,7 @@ def early_imbalance(
         floors: Long-run variance factors from earlier windows, for one window and for the
             windows pooled.
         cold: Cold start (the controller's first window): the ranks
-            :func:`~lightning_rex.core.persistence.cold_start_ranks` flags, at an early
+            :func:`~lightning_rex.core.stats.persistence.cold_start_ranks` flags, at an early
             look's levels.
 
     Returns:
@@ -280,7 +280,7 @@ class Looks:
     """
 
     def __init__(self, looks: int, window_steps: int | None, validation_confidence: float) -> None:
-        from lightning_rex.core.validating import MAX_WINDOWS
+        from lightning_rex.core.decide.validating import MAX_WINDOWS
 
         if int(looks) != looks or looks < 1:
             raise ValueError(f"looks must be an integer >= 1, got {looks}")

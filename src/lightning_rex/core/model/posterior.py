@@ -1,8 +1,8 @@
 """The rank time model as a BoTorch :class:`~botorch.models.model.Model`.
 
-:class:`~lightning_rex.core.model.RankTimeModel` computes its posterior in closed form (the
-spline kernel has finite rank, so the GP is Bayesian linear regression on the features
-``[1, b / b_ref, phi(b)]``). :class:`SplineAffineModel` exposes that posterior through
+:class:`~lightning_rex.core.model.time_model.RankTimeModel` computes its posterior in
+closed form (the spline kernel has finite rank, so the GP is Bayesian linear regression on
+the features ``[1, b / b_ref, phi(b)]``). :class:`SplineAffineModel` exposes that posterior through
 BoTorch's interface: :meth:`SplineAffineModel.posterior` returns a
 :class:`~botorch.posteriors.gpytorch.GPyTorchPosterior` whose mean and covariance are those
 of the exact GP with kernel ``k(b, b') = p_a + p_s u u' + s^2 phi(b)^T phi(b')`` and prior

@@ -45,8 +45,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lightning_rex.core.state import StateError, matrix, real, whole
-from lightning_rex.core.state import field as state_field
+from lightning_rex.core.saved import StateError, matrix, real, whole
+from lightning_rex.core.saved import field as state_field
 
 __all__ = [
     "FROZEN_AFTER",

@@ -1,0 +1,1 @@
+"""Plans: a plan's rules, the planner (water-filling, bounds), proposals and the schedule."""
