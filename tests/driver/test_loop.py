@@ -21,8 +21,9 @@ from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.saved import StateError
 from lightning_rex.core.window import Window
+from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.errors import RexRankError
-from lightning_rex.driver.loop import LoopConfig, WindowDriver
+from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.protocols import (
     Collectives,
     LocalCollectives,

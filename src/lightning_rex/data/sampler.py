@@ -37,17 +37,12 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler, Sampler
 
-from lightning_rex.core.plans.plan import Plan, even_plan, split_in_proportion
+from lightning_rex.core.plans.plan import Plan, split_in_proportion
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
-from lightning_rex.core.saved import StateError, field, int_list, whole
 from lightning_rex.data.grid import Grid, batch_grid, grid_first_sample, grid_length
+from lightning_rex.data.position import check_position
 
 __all__ = ["UnevenBatchSampler"]
-
-_ANY_BATCH = 1 << 62
-"""The largest global batch a saved position may be for (any a run could reach)."""
-_MOST_RANKS = 1 << 20
-"""The most ranks a saved schedule may be for."""
 
 
 class _Sized:
@@ -399,106 +394,31 @@ class UnevenBatchSampler(Sampler[list[int]]):
             else list(self._plans.batch_range),
         }
 
-    def _serves(self, global_batch: int) -> bool:
-        """Whether this run's schedule takes plans summing to ``global_batch``."""
-        if self._plans.batch_range is None:
-            return global_batch == self.global_batch
-        lo, hi = self._plans.batch_range
-        return lo <= global_batch <= hi
-
     def check_state(self, state: Any, name: str = "rex_sampler") -> dict[str, Any]:
-        """Check a saved position against this run and its own grid, without applying it.
+        """Check a saved position against this run without applying it.
 
         Args:
             state: A dictionary from :meth:`state_dict`.
             name: Its dotted name, for errors.
 
         Returns:
-            The state, normalised, with ``continues`` (the saved schedule is this run's:
-            the same ``N`` and base ``B``, and every plan sums to a global batch this run
-            serves), ``reason`` (why not, in terms of this run) and ``finished`` (the saved
-            epoch was complete).
+            See :func:`~lightning_rex.data.position.check_position`.
 
         Raises:
-            StateError: Naming the field: another dataset length, a schedule that is empty,
-                out of step order or whose plans break ``B`` or the bounds, a consumed count
-                outside the epoch or one that disagrees with the consumed samples.
+            StateError: Naming the field (see :func:`~lightning_rex.data.position.
+                check_position`).
         """
-        if not isinstance(state, dict):
-            raise StateError(name, f"must be a mapping, got {type(state).__name__}")
-        n = whole(field(state, "num_samples", name), f"{name}.num_samples", 0)
-        if n != self.num_samples:
-            raise StateError(
-                f"{name}.num_samples",
-                f"is {n}, but this run's dataset has {self.num_samples} samples: the "
-                "checkpoint was made with another dataset",
-            )
-        world = whole(field(state, "world_size", name), f"{name}.world_size", 1, _MOST_RANKS)
-        gb = whole(field(state, "global_batch", name), f"{name}.global_batch", world, _ANY_BATCH)
-        # the saved schedule as it was, checked by the saved run's own rules: its plans sum
-        # to its global batch, or (global batch scaling) to any in its range; it places this
-        # epoch's batches
-        ranged = state.get("batch_range")  # absent from checkpoints before it was kept
-        if ranged is not None:
-            lo, hi = int_list(ranged, f"{name}.batch_range", 2, world)
-            if not lo <= gb <= hi:
-                raise StateError(f"{name}.batch_range", f"must hold the global batch {gb}")
-            ranged = (lo, hi)
-        saved = PlanSchedule(even_plan(gb, world), gb, batch_range=ranged)
-        entries = field(state, "schedule", name)
-        saved.load_state_dict(entries, f"{name}.schedule")
-        moved = sorted({sum(p) for _, p in saved.entries} - {gb})
-        reason = ""
-        if world != self.world_size or gb != self.global_batch:
-            reason = (
-                f"the checkpoint was made with {world} ranks and a global batch of {gb}, this "
-                f"run has {self.world_size} and {self.global_batch}"
-            )
-        elif not all(self._serves(b) for b in moved):
-            serves = (
-                f"global batches in {list(self._plans.batch_range)}"
-                if self._plans.batch_range is not None
-                else f"only its global batch {self.global_batch} (global batch scaling is off)"
-            )
-            reason = (
-                f"the checkpoint's schedule moved the global batch to {moved}; this run "
-                f"serves {serves}"
-            )
-        schedule = saved
-        if not reason:  # continued: every plan is checked against this run's bounds too
-            schedule = PlanSchedule(
-                even_plan(gb, world), gb, self.bounds, batch_range=self._plans.batch_range
-            )
-            schedule.load_state_dict(entries, f"{name}.schedule")
-        ob, os_ = int_list(field(state, "origin", name), f"{name}.origin", 2, 0)
-        if os_ > n:
-            raise StateError(f"{name}.origin", f"starts at sample {os_}, past the epoch's {n}")
-        start = whole(field(state, "epoch_start_step", name), f"{name}.epoch_start_step", 0)
-        # the saved run's smallest micro-batch cut its final batch (1 before it was saved)
-        least = whole(state.get("min_size", 1), f"{name}.min_size", 1, max(1, gb // world))
-        grid = batch_grid(
-            saved, n, (ob, os_), start, self.accumulate_grad_batches, world, self.drop_last, least
+        return check_position(
+            state,
+            num_samples=self.num_samples,
+            world_size=self.world_size,
+            global_batch=self.global_batch,
+            bounds=self.bounds,
+            batch_range=self._plans.batch_range,
+            accumulate=self.accumulate_grad_batches,
+            drop_last=self.drop_last,
+            name=name,
         )
-        length = grid_length(grid, n, world, self.drop_last, least)
-        consumed = whole(field(state, "consumed", name), f"{name}.consumed", ob, length)
-        done = whole(field(state, "consumed_samples", name), f"{name}.consumed_samples", 0, n)
-        expect = n if consumed >= length else min(n, grid_first_sample(grid, consumed))
-        if done != expect:
-            raise StateError(
-                f"{name}.consumed_samples",
-                f"is {done}, but {consumed} batches of this epoch's grid end at sample {expect}",
-            )
-        return {
-            "epoch": whole(field(state, "epoch", name), f"{name}.epoch", 0),
-            "consumed": consumed,
-            "consumed_samples": done,
-            "origin": (ob, os_),
-            "epoch_start_step": start,
-            "schedule": schedule,
-            "continues": not reason,
-            "reason": reason,
-            "finished": consumed >= length,
-        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position so that the next iteration continues where the run stopped.

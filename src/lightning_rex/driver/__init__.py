@@ -7,9 +7,10 @@ through two small protocols, :class:`Collectives` and :class:`PlanTarget`; train
 Nothing here imports Lightning or ``torch.distributed``.
 """
 
+from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.errors import RexRankError
 from lightning_rex.driver.exchange import ExchangeMessage
-from lightning_rex.driver.loop import LoopConfig, WindowDriver
+from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.observer import BackgroundObserver
 from lightning_rex.driver.protocols import (
     Collectives,

@@ -1,33 +1,18 @@
 """The window loop: step times in, windows to the decider, decisions exchanged, plans applied.
 
-:class:`WindowDriver` is what training and the simulator share. Each process runs one; every
-call below is made by every process at the same step, so the collectives it issues line up:
-
-* :meth:`~WindowDriver.start` agrees on the run (device identities, the first step nobody
-  has fetched, the run id), restores a checkpoint or applies the warm-up, and builds the
-  decider on rank 0.
-* :meth:`~WindowDriver.record` takes one step's own compute time of every hosted rank. Steps
-  in the warm-up, steps before a new plan is in force and the epoch's final partial batch are
-  not measured; a window holds steps of one plan only. After ``window`` samples (a
-  ``segment`` of ``window // looks`` with several looks per window) all ranks
-  gather them (**one** collective, with each rank's memory cap and failure flag) and rank 0
-  hands the :class:`~lightning_rex.core.window.Window` to the decider (in a background thread
-  that only computes, or inline). Samples that are not finite positive seconds are dropped
-  (the step's column) and counted.
-* ``decision_lag`` steps after a window closes, at an **exchange**, rank 0 broadcasts the
-  decisions that are ready ("decision or none", never waiting for one still computing: then
-  every rank polls again ``decision_lag`` steps later). A plan is scheduled on every rank
-  from the first step nobody has fetched; samples measured before it are dropped. In
-  monitor-only use a proposal is declined and recorded as ``recommend``.
-* :meth:`~WindowDriver.state_dict` gathers the partial window for a checkpoint;
-  :meth:`~WindowDriver.finish` agrees at the end of training that nothing failed.
-
-Failures reach every rank. Local work (reading timers, memory, the decider on rank 0) runs
-under :meth:`~WindowDriver.guard`: an exception is kept, the loop goes on with the same
-collectives, and the next window gather, exchange, checkpoint gather or end-of-training
-gather carries every rank's failure flag; then every rank raises the same
-:class:`~lightning_rex.driver.errors.RexRankError`, naming the failing rank and its error.
-Nothing waits on a socket closing (NCCL would not notice for 30 minutes).
+:class:`WindowDriver` is what training and the simulator share (docs/driver.md has the full
+account). Each process runs one, and every call is made by every process at the same step,
+so the collectives it issues line up: :meth:`~WindowDriver.start` agrees on the run and
+restores a checkpoint; :meth:`~WindowDriver.record` takes each step's own compute times,
+gathers them every segment (one collective) and hands rank 0's decider the
+:class:`~lightning_rex.core.window.Window`; ``decision_lag`` steps later an **exchange**
+broadcasts the decisions that are ready (never waiting for one still computing) and a plan
+is scheduled on every rank from the first step nobody has fetched
+(:mod:`~lightning_rex.driver.scheduling`); :meth:`~WindowDriver.state_dict` gathers the
+partial window for a checkpoint, and :meth:`~WindowDriver.finish` agrees that nothing
+failed. Local work runs under :meth:`~WindowDriver.guard`, so that a failure on one rank is
+raised on every rank at the next collective (:class:`~lightning_rex.driver.errors.Failures`),
+never left to a socket closing.
 """
 
 from __future__ import annotations
@@ -38,7 +23,6 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,86 +33,21 @@ from lightning_rex.core.plans.planner import device_rates, plan_from_device_rate
 from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.core.window import Window
 from lightning_rex.driver.checkpoint import STATE_VERSION, check_state, pending_to_state
-from lightning_rex.driver.errors import RexRankError
+from lightning_rex.driver.config import LoopConfig
+from lightning_rex.driver.errors import Failures
 from lightning_rex.driver.exchange import ExchangeMessage
 from lightning_rex.driver.observer import BackgroundObserver, Pending
 from lightning_rex.driver.protocols import Collectives, Decider, PlanTarget
-from lightning_rex.driver.records import build_record
+from lightning_rex.driver.records import pending_record
 from lightning_rex.driver.scheduling import agreed_step
 
-__all__ = ["LoopConfig", "WindowDriver"]
+__all__ = ["WindowDriver"]
 
 DeciderFactory = Callable[[Plan, SizeBounds], Decider]
 
 _PREFETCH_HORIZON = 1024
 """Steps past a resumed fit's first step that a saved future step may lie (a plan's first
 step waits for every batch already fetched, DataLoader workers' prefetch included)."""
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    """How the window loop runs.
-
-    Args:
-        window: Steps per observation window (an integer >= 5).
-        decision_lag: Steps from a window's (or segment's) end to the exchange of its
-            decision, and between polls for a decision not ready yet; None for
-            ``segment // 2``. In ``[1, segment)``.
-        warmup: Steps at the start of a fit that are not measured (>= 0); not applied again
-            when resuming on the same world size.
-        background: Run the decider in a background thread on rank 0 (training never waits
-            for it); False runs it inline, so every decision lands on a step fixed in advance.
-        apply_plans: Apply decisions; False is monitor-only (proposals become
-            ``recommend`` records and the decider is told they were declined).
-        min_steps: The fewest usable steps a window (or segment) needs after dropping bad
-            samples.
-        looks: Gathers per window: every ``segment = window // looks`` steps the ranks'
-            samples are gathered and handed to the decider, which joins a window's segments
-            and may act before the window is whole (``Controller(looks=...)``). 1: one
-            gather per window. ``segment`` must be >= 5.
-
-    Raises:
-        ValueError: Naming the argument, for values outside those ranges.
-    """
-
-    window: int = 30
-    decision_lag: int | None = None
-    warmup: int = 10
-    background: bool = True
-    apply_plans: bool = True
-    min_steps: int = 5
-    looks: int = 1
-
-    def __post_init__(self) -> None:
-        if isinstance(self.window, bool) or int(self.window) != self.window or self.window < 5:
-            raise ValueError(f"window must be an integer >= 5 steps, got {self.window}")
-        if isinstance(self.looks, bool) or int(self.looks) != self.looks or self.looks < 1:
-            raise ValueError(f"looks must be an integer >= 1, got {self.looks}")
-        if self.segment < 5:
-            raise ValueError(
-                f"looks={self.looks} cuts window={self.window} into segments of"
-                f" {self.segment} steps: each needs >= 5"
-            )
-        if isinstance(self.warmup, bool) or int(self.warmup) != self.warmup or self.warmup < 0:
-            raise ValueError(f"warmup must be an integer >= 0 steps, got {self.warmup}")
-        if not 1 <= self.min_steps <= self.segment:
-            raise ValueError(
-                f"min_steps must be in [1, segment={self.segment}], got {self.min_steps}"
-            )
-        if not 1 <= self.lag < self.segment or int(self.lag) != self.lag:
-            raise ValueError(
-                f"decision_lag must be in [1, segment={self.segment}), got {self.decision_lag}"
-            )
-
-    @property
-    def segment(self) -> int:
-        """Steps per gather: ``window // looks``."""
-        return int(self.window) // int(self.looks)
-
-    @property
-    def lag(self) -> int:
-        """The decision lag in steps."""
-        return self.segment // 2 if self.decision_lag is None else self.decision_lag
 
 
 class WindowDriver:
@@ -168,17 +87,11 @@ class WindowDriver:
         on_record: Callable[[dict[str, Any]], None] | None = None,
         on_exchange: Callable[[ExchangeMessage], None] | None = None,
     ) -> None:
-        self.config = config
-        self.collectives = collectives
-        self.target = target
-        self._make_decider = make_decider
-        self._check_decider = check_decider_state
-        self._resolve = resolve or _as_seconds
-        self._clock = clock
-        self._caps = caps
-        self._telemetry = telemetry
-        self._on_record = on_record
-        self._on_exchange = on_exchange
+        self.config, self.collectives, self.target = config, collectives, target
+        self._make_decider, self._check_decider = make_decider, check_decider_state
+        self._resolve, self._clock = resolve or _as_seconds, clock
+        self._caps, self._telemetry = caps, telemetry
+        self._on_record, self._on_exchange = on_record, on_exchange
         self.decider: Decider | None = None
         self.observer: BackgroundObserver | None = None
         self.records: list[dict[str, Any]] = []
@@ -191,14 +104,12 @@ class WindowDriver:
         self.dropped = 0
         self.device_keys: list[str] = []
         self.failed = False
-        self._failure: tuple[BaseException, str] | None = None
-        self._skip_until = 0
-        self._exchange_at: int | None = None
+        self._failures = Failures()
+        self._skip_until, self._exchange_at = 0, None  # type: tuple[int, int | None]
         self._samples: list[Any] = []
         self._steps: list[int] = []
         self._window_plan: Plan | None = None
-        self._t0 = 0.0
-        self._last_clock = 0.0
+        self._t0 = self._last_clock = 0.0
         self._resumed_window = False
 
     # ------------------------------------------------------------------ properties
@@ -217,17 +128,13 @@ class WindowDriver:
         """The first step that may be measured (warm-up, or a new plan's first step)."""
         return self._skip_until
 
-    @property
-    def window_steps(self) -> list[int]:
-        """The steps in the window being filled."""
-        return list(self._steps)
-
     # ------------------------------------------------------------------ failures
     @contextlib.contextmanager
     def guard(self, what: str) -> Iterator[None]:
         """Run local work; an exception is kept and raised on every rank at the next collective.
 
-        Only for work that issues no collective.
+        Only for work that issues no collective (see :class:`~lightning_rex.driver.errors.
+        Failures`).
 
         Args:
             what: What the work is, for the error message ("reading the timer").
@@ -235,38 +142,23 @@ class WindowDriver:
         Yields:
             Nothing.
         """
-        try:
+        with self._failures.guard(what):
             yield
-        except Exception as err:
-            self._fail(err, what)
 
-    def _fail(self, err: BaseException, what: str) -> None:
-        if self._failure is None:
-            self._failure = (err, f"{type(err).__name__}: {err} (while {what})")
+    @property
+    def _failure(self) -> tuple[BaseException, str] | None:
+        return self._failures.failure
 
     def _flags(self) -> np.ndarray:
-        flags = np.zeros(self.collectives.hosted)
-        flags[0] = float(self._failure is not None)
-        return flags
+        return self._failures.flags(self.collectives.hosted)
 
     def _check(self, flags: np.ndarray, where: str) -> None:
         """Every rank: raise the first failing rank's error if any rank's flag is set."""
-        bad = np.flatnonzero(np.asarray(flags) > 0)
-        if bad.size == 0:
-            return
-        mine = None if self._failure is None else self._failure[1]
-        texts = self.collectives.gather_objects(
-            [mine if i == 0 else None for i in range(self.collectives.hosted)]
-        )
-        rank = int(bad[0])
-        own = rank == self.collectives.rank and self._failure is not None
+        self._failures.raise_if_any(flags, where, self.collectives, self._end_on_failure)
+
+    def _end_on_failure(self) -> None:
         self.failed = True  # on every rank alike: nothing more to save or exchange
         self.close()
-        error = RexRankError(rank, str(texts[rank] or "(no message)"), where)
-        if own:
-            assert self._failure is not None
-            raise error from self._failure[0]
-        raise error
 
     # ------------------------------------------------------------------ start
     def start(
@@ -490,15 +382,7 @@ class WindowDriver:
     def _take_decisions(self) -> list[Pending]:
         """Rank 0: the decisions ready now; a decider's error is raised (into the guard)."""
         assert self.observer is not None
-        ready = self.observer.take_ready()
-        if self.observer.error is not None:
-            raise self.observer.error
-        for e in ready:
-            if not isinstance(e.outcome, Decision):
-                raise e.outcome or RuntimeError("a window's decision was lost")
-            if e.outcome.kind == "propose" and not self.config.apply_plans:
-                self.observer.decline()  # monitor-only: the proposal becomes a recommendation
-        return ready
+        return self.observer.take_decisions(self.config.apply_plans)
 
     def _to_apply(self, e: Pending) -> Plan | None:
         d = e.outcome
@@ -514,21 +398,8 @@ class WindowDriver:
         before: int,
         note: str = "",
     ) -> None:
-        d = e.outcome
-        assert isinstance(d, Decision)
-        mine = applied is not None and d.plan == applied
-        kind = "recommend" if (d.kind == "propose" and not self.config.apply_plans) else d.kind
-        record = build_record(
-            e.window,
-            d,
-            e.info,
-            kind=kind,
-            new_plan=d.plan,
-            effective_step=effective if mine else None,
-            plan_changes=before + int(mine),
-            adaptive=self.config.apply_plans,
-            run_id=self.run_id,
-            resumed_from=self.resumed_from,
+        record = pending_record(
+            e, applied, effective, before, self.config.apply_plans, self.run_id, self.resumed_from
         )
         if note:
             record["reason"] = f"{record['reason']}; {note}"

@@ -153,6 +153,29 @@ class BackgroundObserver:
         """
         self._queue = collections.deque((e, None) for e in entries)
 
+    def take_decisions(self, apply_plans: bool) -> list[Pending]:
+        """The decisions ready now (:meth:`take_ready`), or the decider's error, raised.
+
+        Args:
+            apply_plans: Whether plans are applied; in monitor-only use every proposal is
+                declined here (it becomes a recommendation).
+
+        Returns:
+            The entries, each with its decision.
+
+        Raises:
+            BaseException: The decider's error, or a window's, as it was raised.
+        """
+        ready = self.take_ready()
+        if self.error is not None:
+            raise self.error
+        for e in ready:
+            if not isinstance(e.outcome, Decision):
+                raise e.outcome or RuntimeError("a window's decision was lost")
+            if e.outcome.kind == "propose" and not apply_plans:
+                self.decline()
+        return ready
+
     def decline(self) -> None:
         """Tell the decider its proposal was not applied, after the windows queued so far."""
         if self._pool is not None:

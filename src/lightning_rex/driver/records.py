@@ -30,7 +30,7 @@ from typing import Any
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.window import Window
 
-__all__ = ["DECISION_CODES", "DecisionLog", "build_record", "window_metrics"]
+__all__ = ["DECISION_CODES", "DecisionLog", "build_record", "pending_record", "window_metrics"]
 
 DECISION_CODES = {"hold": 0, "propose": 1, "accept": 2, "rollback": 3, "recommend": 4, "skip": 5}
 
@@ -108,6 +108,48 @@ def build_record(
         "plan_changes": plan_changes,
         "adaptive": adaptive,
     }
+
+
+def pending_record(
+    e: Any,
+    applied: Sequence[int] | None,
+    effective: int | None,
+    before: int,
+    adaptive: bool,
+    run_id: str,
+    resumed_from: str | None,
+) -> dict[str, Any]:
+    """The record of a queued window's decision, as the exchange applied it (or not).
+
+    Args:
+        e: The queued window (a :class:`~lightning_rex.driver.observer.Pending`) with its
+            decision.
+        applied: The plan the exchange applied, or None.
+        effective: The step it took effect at, or None.
+        before: Plan changes in the schedule before the exchange.
+        adaptive: Whether plans are applied (a proposal otherwise is a ``recommend``).
+        run_id: The run's id.
+        resumed_from: The run id this fit resumed, or None.
+
+    Returns:
+        The record (:func:`build_record`).
+    """
+    d = e.outcome
+    assert isinstance(d, Decision)
+    mine = applied is not None and d.plan == tuple(applied)
+    kind = "recommend" if (d.kind == "propose" and not adaptive) else d.kind
+    return build_record(
+        e.window,
+        d,
+        e.info,
+        kind=kind,
+        new_plan=d.plan,
+        effective_step=effective if mine else None,
+        plan_changes=before + int(mine),
+        adaptive=adaptive,
+        run_id=run_id,
+        resumed_from=resumed_from,
+    )
 
 
 def window_metrics(record: dict[str, Any]) -> dict[str, float]:

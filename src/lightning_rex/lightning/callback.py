@@ -2,7 +2,7 @@
 
 The callback holds no window logic and no per-fit state of its own: it validates its
 arguments into :class:`~lightning_rex.core.settings.DecisionSettings` and a
-:class:`~lightning_rex.driver.loop.LoopConfig`, and at every fit's training start opens a
+:class:`~lightning_rex.driver.config.LoopConfig`, and at every fit's training start opens a
 :class:`~lightning_rex.lightning.session.FitSession` (the window driver the simulator runs
 too, this rank's timer, memory bound and telemetry, the decision log, global batch scaling
 and the hang watchdog); every hook forwards to it. The decider is built by
@@ -24,7 +24,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
 from lightning_rex.core.settings import DecisionSettings, default_looks
-from lightning_rex.driver.loop import LoopConfig, WindowDriver
+from lightning_rex.driver.config import LoopConfig
+from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.lightning.scaling import setup_scaling
 from lightning_rex.lightning.session import FitSession, SessionOptions, StepTimeFn
 

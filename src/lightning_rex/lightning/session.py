@@ -27,8 +27,9 @@ from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.settings import DecisionSettings
+from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.exchange import ExchangeMessage
-from lightning_rex.driver.loop import LoopConfig, WindowDriver
+from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.protocols import Decider, PlanTarget, ScheduleTarget
 from lightning_rex.driver.records import DecisionLog
 from lightning_rex.lightning.collectives import driver_collectives

@@ -14,93 +14,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
 from lightning.pytorch.callbacks import Checkpoint
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.optim import Optimizer
 
 from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
-from lightning_rex.data.sampler import UnevenBatchSampler
-from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction, loss_scale
-from lightning_rex.driver.protocols import Resumed
+from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction
 from lightning_rex.driver.scheduling import agree
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.collectives import driver_collectives
+from lightning_rex.lightning.plan_target import TrainSampler
 from lightning_rex.lightning.progress import (
     loader_state_to_restore,
     set_epoch_length,
     steps_done,
 )
+from lightning_rex.lightning.weighted import WeightedDDP
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
     from lightning.fabric.strategies.registry import _StrategyRegistry
-    from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 __all__ = ["RexStrategy"]
 
-_MEAN_OPS = ("mean", "avg")
 
-
-class _TrainSampler:
-    """The driver's plan target: the train sampler the strategy holds at each call.
-
-    A loader rebuilt during a fit (``reload_dataloaders_every_n_epochs``) brings a new
-    sampler serving the same schedule; the driver keeps talking to the current one.
-    """
-
-    def __init__(self, strategy: RexStrategy) -> None:
-        self._strategy = strategy
-
-    def _sampler(self) -> UnevenBatchSampler:
-        loader = self._strategy.train_loader
-        assert loader is not None
-        return loader.batch_sampler
-
-    @property
-    def plan_schedule(self) -> PlanSchedule:
-        """The run's plan schedule."""
-        return self._sampler().plan_schedule
-
-    @property
-    def resumed(self) -> Resumed | None:
-        """How the sampler restored a checkpoint's schedule (None: it did not)."""
-        sampler = self._sampler()
-        if sampler.continues is None:
-            return None
-        return Resumed(sampler.continues, sampler.recut_reason)
-
-    def first_free_step(self) -> int:
-        """The first step none of whose batches this rank has fetched."""
-        return self._sampler().first_free_step()
-
-    def schedule_plan(self, plan: Sequence[int], step: int) -> Plan:
-        """Put ``plan`` in force from ``step`` in the current sampler.
-
-        Args:
-            plan: The per-rank sizes.
-            step: The first step that uses them.
-
-        Returns:
-            The validated plan.
-        """
-        sampler = self._sampler()
-        before = len(sampler)
-        out = sampler.schedule_plan(plan, step)
-        if len(sampler) != before:
-            # a new global batch re-cut the rest of the epoch (every rank schedules the same
-            # plan at the same step, so every rank resizes alike)
-            self._strategy.resize_epoch()
-        return out
-
-
-class RexStrategy(DDPStrategy):
+class RexStrategy(WeightedDDP):
     """Distributed data parallel with per-rank micro-batch sizes and exact gradient weighting.
 
     Registered with Lightning as ``"rex"`` (``start_method="popen"``), ``"rex_spawn"`` and
@@ -193,8 +134,6 @@ class RexStrategy(DDPStrategy):
         self.loss_reduction: LossReduction = loss_reduction
         self.adaptive = bool(adaptive)
         self._loader: RexDataLoader | None = None
-        self._step_sizes: Plan | None = None
-        self._in_training_step = False
         #: ``(min, max)`` global batches the train sampler's plans may sum to; set by
         #: ``RexCallback(global_batch=GlobalBatchScaling(...))`` before the loader is built
         self.batch_range: tuple[int, int] | None = None
@@ -411,9 +350,11 @@ class RexStrategy(DDPStrategy):
         return None if self._loader is None else self._loader.batch_sampler.plan_schedule
 
     @property
-    def plan_target(self) -> _TrainSampler | None:
+    def plan_target(self) -> TrainSampler | None:
         """The window driver's plan target: whichever train sampler this strategy holds now."""
-        return None if self._loader is None else _TrainSampler(self)
+        return (
+            None if self._loader is None else TrainSampler(lambda: self._loader, self.resize_epoch)
+        )
 
     @property
     def plan(self) -> Plan | None:
@@ -483,86 +424,6 @@ class RexStrategy(DDPStrategy):
             return None
         batch_idx = self.lightning_module.trainer.fit_loop.epoch_loop.batch_idx
         return self._loader.batch_sampler.sizes_for_batch(batch_idx)
-
-    def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
-        """Run the user's training_step, remembering this batch's per-rank sizes.
-
-        Args:
-            *args: Forwarded to the LightningModule's ``training_step``.
-            **kwargs: Forwarded likewise.
-
-        Returns:
-            The LightningModule's output.
-        """
-        self._step_sizes = self.current_batch_sizes()
-        self._in_training_step = True
-        try:
-            return super().training_step(*args, **kwargs)
-        finally:
-            self._in_training_step = False
-
-    def current_loss_scale(self) -> float:
-        """The factor this rank's loss is multiplied by for the current batch.
-
-        Returns:
-            ``N * b_r / B`` for mean-reduced losses, ``N`` for sum-reduced ones, ``1.0``
-            outside training.
-        """
-        if self._step_sizes is None:
-            return 1.0
-        return loss_scale(self._step_sizes, self.global_rank, self.loss_reduction)
-
-    def backward(
-        self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
-    ) -> Tensor:
-        """Scale the loss so DDP's averaging all-reduce gives the exact global gradient.
-
-        Args:
-            closure_loss: The loss of this rank's micro-batch.
-            optimizer: The optimizer, passed on.
-            *args: Passed on to the precision plugin's backward.
-            **kwargs: Passed on likewise.
-
-        Returns:
-            What the parent strategy's ``backward`` returns.
-        """
-        scale = self.current_loss_scale()
-        if scale != 1.0:
-            closure_loss = closure_loss * scale
-        return super().backward(closure_loss, optimizer, *args, **kwargs)
-
-    def reduce(
-        self,
-        tensor: Tensor | Any,
-        group: Any | None = None,
-        reduce_op: Any = "mean",
-    ) -> Tensor | Any:
-        """Reduce across ranks; step-level means logged in training_step are plan-weighted.
-
-        ``self.log(name, v, sync_dist=True)`` inside ``training_step`` reaches here with
-        ``reduce_op="mean"``; DDP would average ranks without weights, so each rank's value is
-        weighted by its share ``b_r / B`` of the global batch. Epoch-level values are already
-        weighted by Lightning's batch-size bookkeeping and are reduced as under DDP.
-
-        Args:
-            tensor: The value to reduce.
-            group: The process group (default: world).
-            reduce_op: The reduction, as for DDP.
-
-        Returns:
-            The reduced value.
-        """
-        if (
-            self._in_training_step
-            and self._step_sizes is not None
-            and isinstance(tensor, Tensor)
-            and isinstance(reduce_op, str)
-            and reduce_op.lower() in _MEAN_OPS
-            and torch.is_floating_point(tensor)
-        ):
-            share = self._step_sizes[self.global_rank] / sum(self._step_sizes)
-            tensor = tensor * (len(self._step_sizes) * share)
-        return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     def on_train_start(self) -> None:
         """Reject several train loaders, which one plan cannot split consistently."""

@@ -131,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
     Returns:
         The exit code: 0, or 2 for a bad scenario.
     """
-    from lightning_rex.driver.loop import LoopConfig
+    from lightning_rex.driver.config import LoopConfig
     from lightning_rex.sim.engine import default_loop, simulate
     from lightning_rex.sim.policies import OraclePolicy, make_policy
     from lightning_rex.sim.report import aggregate, paired_ratio

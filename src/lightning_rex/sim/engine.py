@@ -27,7 +27,8 @@ from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan, even_plan
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.window import Window
-from lightning_rex.driver.loop import LoopConfig, WindowDriver
+from lightning_rex.driver.config import LoopConfig
+from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.protocols import Decider, LocalCollectives, ScheduleTarget
 from lightning_rex.driver.scheduling import schedule_agreed
 from lightning_rex.sim.policies import OraclePolicy, RexPolicy
@@ -251,7 +252,7 @@ def default_loop(
 
     Raises:
         ValueError: For settings the loop rejects (see
-            :class:`~lightning_rex.driver.loop.LoopConfig`).
+            :class:`~lightning_rex.driver.config.LoopConfig`).
     """
     return LoopConfig(
         window=scenario.window,

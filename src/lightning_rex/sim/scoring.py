@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core.plans.plan import even_plan
-from lightning_rex.driver.loop import LoopConfig
+from lightning_rex.driver.config import LoopConfig
 from lightning_rex.sim.engine import Trace, simulate
 from lightning_rex.sim.policies import OraclePolicy, make_policy
 from lightning_rex.sim.policy import Policy, PolicyInfo

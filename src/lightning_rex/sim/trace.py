@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_rex.driver.loop import LoopConfig
+from lightning_rex.driver.config import LoopConfig
 from lightning_rex.sim.engine import Trace
 from lightning_rex.sim.report import aggregate, paired_ratio
 from lightning_rex.sim.scenario import Scenario

@@ -1,0 +1,129 @@
+"""DDP whose gradients and step-logged values are weighted by each rank's share of the batch.
+
+Rank ``r`` computes the mean-loss gradient of its ``b_r`` samples; DDP's averaging
+all-reduce gives each rank the weight ``1 / N``, which is wrong for uneven batches.
+:class:`WeightedDDP` multiplies each rank's loss by ``N x b_r / B`` (mean losses) or ``N``
+(sum losses) before ``backward`` (:func:`~lightning_rex.data.weighting.loss_scale`), so the
+all-reduce yields the global batch's gradient exactly, and weights ``self.log(...,
+sync_dist=True)`` step values the same way. A subclass says what the current batch's per-rank
+sizes are (:meth:`WeightedDDP.current_batch_sizes`); ``RexStrategy`` is that subclass.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_rex.core.plans.plan import Plan
+from lightning_rex.data.weighting import LossReduction, loss_scale
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
+
+__all__ = ["WeightedDDP"]
+
+_MEAN_OPS = ("mean", "avg")
+
+
+class WeightedDDP(DDPStrategy):
+    """DDP with each rank's loss and logged step values weighted by its share of the batch.
+
+    Args:
+        *args: :class:`~lightning.pytorch.strategies.DDPStrategy`'s arguments.
+        **kwargs: Likewise.
+    """
+
+    loss_reduction: LossReduction = "mean"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._step_sizes: Plan | None = None
+        self._in_training_step = False
+
+    def current_batch_sizes(self) -> Plan | None:
+        """The per-rank sizes of the batch being trained now (None: no weighting)."""
+        return None
+
+    def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        """Run the user's training_step, remembering this batch's per-rank sizes.
+
+        Args:
+            *args: Forwarded to the LightningModule's ``training_step``.
+            **kwargs: Forwarded likewise.
+
+        Returns:
+            The LightningModule's output.
+        """
+        self._step_sizes = self.current_batch_sizes()
+        self._in_training_step = True
+        try:
+            return super().training_step(*args, **kwargs)
+        finally:
+            self._in_training_step = False
+
+    def current_loss_scale(self) -> float:
+        """The factor this rank's loss is multiplied by for the current batch.
+
+        Returns:
+            ``N * b_r / B`` for mean-reduced losses, ``N`` for sum-reduced ones, ``1.0``
+            outside training.
+        """
+        if self._step_sizes is None:
+            return 1.0
+        return loss_scale(self._step_sizes, self.global_rank, self.loss_reduction)
+
+    def backward(
+        self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
+    ) -> Tensor:
+        """Scale the loss so DDP's averaging all-reduce gives the exact global gradient.
+
+        Args:
+            closure_loss: The loss of this rank's micro-batch.
+            optimizer: The optimizer, passed on.
+            *args: Passed on to the precision plugin's backward.
+            **kwargs: Passed on likewise.
+
+        Returns:
+            What the parent strategy's ``backward`` returns.
+        """
+        scale = self.current_loss_scale()
+        if scale != 1.0:
+            closure_loss = closure_loss * scale
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    def reduce(
+        self,
+        tensor: Tensor | Any,
+        group: Any | None = None,
+        reduce_op: Any = "mean",
+    ) -> Tensor | Any:
+        """Reduce across ranks; step-level means logged in training_step are plan-weighted.
+
+        ``self.log(name, v, sync_dist=True)`` inside ``training_step`` reaches here with
+        ``reduce_op="mean"``; DDP would average ranks without weights, so each rank's value is
+        weighted by its share ``b_r / B`` of the global batch. Epoch-level values are already
+        weighted by Lightning's batch-size bookkeeping and are reduced as under DDP.
+
+        Args:
+            tensor: The value to reduce.
+            group: The process group (default: world).
+            reduce_op: The reduction, as for DDP.
+
+        Returns:
+            The reduced value.
+        """
+        if (
+            self._in_training_step
+            and self._step_sizes is not None
+            and isinstance(tensor, Tensor)
+            and isinstance(reduce_op, str)
+            and reduce_op.lower() in _MEAN_OPS
+            and torch.is_floating_point(tensor)
+        ):
+            share = self._step_sizes[self.global_rank] / sum(self._step_sizes)
+            tensor = tensor * (len(self._step_sizes) * share)
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
