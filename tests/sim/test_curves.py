@@ -245,3 +245,26 @@ def test_memory_wall_broadcasts_per_rank():
 def test_memory_wall_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         memory_wall_factor(np.arange(10), **kwargs)
+
+
+def test_wave_adds_a_coarser_staircase():
+    # 30% of the work in waves of 64 samples on top of an 8-sample tile
+    b = np.array([8, 9, 64, 65, 72, 128, 129])
+    t = affine_times(b, overhead_s=0.0, rate=1.0, knee=0, tile=8, wave=64, wave_share=0.3)
+    tiled = np.ceil(b / 8) * 8
+    waves = np.ceil(b / 64) * 64
+    np.testing.assert_allclose(t, 0.7 * tiled + 0.3 * waves)
+    assert t[3] - t[2] == pytest.approx(0.7 * 8 + 0.3 * 64)  # the jump into a second wave
+    assert t[4] == pytest.approx(t[3])  # flat inside the tile and the wave
+
+
+def test_no_wave_or_zero_share_is_the_tile_staircase():
+    b = np.arange(1, 200)
+    plain = affine_times(b, overhead_s=0.001, rate=500.0, knee=4, tile=8)
+    for wave, share in ((None, 0.5), (0, 0.5), (64, 0.0)):
+        np.testing.assert_allclose(
+            affine_times(
+                b, overhead_s=0.001, rate=500.0, knee=4, tile=8, wave=wave, wave_share=share
+            ),
+            plain,
+        )

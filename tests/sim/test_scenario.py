@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from lightning_rex.sim.presets import PRESETS
@@ -86,3 +87,26 @@ def test_files_and_presets(tmp_path):
         "mixed-4096",
     }
     assert required <= set(PRESETS)
+
+
+def test_a_wave_round_trips_and_shapes_the_curve():
+    d = with_(("ranks", 0, "wave"), {"size": 32, "share": 0.5})
+    s = scenario_from_dict(d)
+    assert s.ranks[0].wave == (32, 0.5) and s.ranks[1].wave is None
+    assert scenario_from_dict(to_dict(s)) == s
+    t = s.time_table(np.array([32, 33]), 0)
+    assert t[0, 1] - t[0, 0] > 10 * (t[1, 1] - t[1, 0])  # only rank 0 jumps at its wave
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ({"size": 0, "share": 0.5}, "wave.size"),
+        ({"size": 32, "share": 1.5}, "wave.share"),
+        ({"size": 32}, "share"),
+        ({"size": 32, "share": 0.5, "depth": 2}, "depth"),
+    ],
+)
+def test_bad_waves_name_the_field(value, field):
+    with pytest.raises(ScenarioError, match=field):
+        scenario_from_dict(with_(("ranks", 0, "wave"), value))

@@ -3,7 +3,8 @@
 Three shapes, all vectorised over the micro-batch size ``b``:
 
 * :func:`affine_times`: ``overhead_s + max(b, knee) / rate``, optionally on a tile
-  staircase (kernels that pad the batch to a multiple of ``tile``);
+  staircase (kernels that pad the batch to a multiple of ``tile``) with a share of the work
+  in waves (kernels whose blocks fill the GPU's SMs ``wave`` samples at a time);
 * :class:`TableCurve`: a measured curve, monotone (PCHIP) interpolation between points;
 * :func:`memory_wall_factor`: a multiplier that grows quadratically as ``b`` nears the
   memory capacity.
@@ -22,6 +23,15 @@ from scipy.interpolate import PchipInterpolator
 __all__ = ["TableCurve", "affine_times", "memory_wall_factor"]
 
 
+def _round_up(e: np.ndarray, unit: npt.ArrayLike | None) -> np.ndarray:
+    """``e`` rounded up to a multiple of ``unit`` where ``unit > 0``."""
+    if unit is None:
+        return e
+    t = np.asarray(unit, dtype=float)
+    safe = np.where(t > 0, t, 1.0)
+    return np.asarray(np.where(t > 0, np.ceil(e / safe) * safe, e))
+
+
 def affine_times(
     b: npt.ArrayLike,
     *,
@@ -29,12 +39,18 @@ def affine_times(
     rate: npt.ArrayLike,
     knee: npt.ArrayLike,
     tile: npt.ArrayLike | None = None,
+    wave: npt.ArrayLike | None = None,
+    wave_share: npt.ArrayLike = 0.0,
 ) -> npt.NDArray[np.float64]:
-    """Affine step time, optionally quantised to a tile staircase.
+    """Affine step time, optionally quantised to a tile staircase and to waves.
 
     Without a tile the time is ``overhead_s + max(b, knee) / rate``. With a tile ``T`` the
     effective batch is rounded up to a multiple of ``T``:
-    ``overhead_s + ceil(max(b, knee) / T) * T / rate``. All arguments broadcast together.
+    ``overhead_s + ceil(max(b, knee) / T) * T / rate``. With a wave ``W`` and a share ``f``,
+    the share ``f`` of the work runs in whole waves of ``W`` samples (a kernel whose blocks
+    fill every SM costs the same whether the last wave is full or not):
+    ``overhead_s + ((1 - f) * ceil_T(e) + f * ceil_W(e)) / rate`` with ``e = max(b, knee)``,
+    a second, coarser staircase. All arguments broadcast together.
 
     Args:
         b: Micro-batch sizes (integers), any shape.
@@ -45,15 +61,18 @@ def affine_times(
         tile: Positive integer tile size, or an array of them (e.g. one per rank) in which
             entries ``<= 0`` mean "no tile"; ``None`` means no tile anywhere. For integer
             ``b`` and ``knee`` a tile of 1 is the same as no tile.
+        wave: Samples per wave, like ``tile`` (entries ``<= 0`` or ``None``: no waves).
+        wave_share: The share of the work that runs in waves, in ``[0, 1]``; scalar or
+            broadcastable with ``b``.
 
     Returns:
         The step times in seconds, float array of the broadcast shape.
     """
-    eff = np.maximum(np.asarray(b, dtype=float), np.asarray(knee, dtype=float))
-    if tile is not None:
-        t = np.asarray(tile, dtype=float)
-        safe = np.where(t > 0, t, 1.0)
-        eff = np.where(t > 0, np.ceil(eff / safe) * safe, eff)
+    base = np.maximum(np.asarray(b, dtype=float), np.asarray(knee, dtype=float))
+    eff = _round_up(base, tile)
+    if wave is not None:
+        f = np.where(np.asarray(wave) > 0, np.asarray(wave_share, dtype=float), 0.0)
+        eff = (1.0 - f) * eff + f * _round_up(base, wave)
     out = np.asarray(overhead_s, dtype=float) + eff / np.asarray(rate, dtype=float)
     return np.asarray(out, dtype=np.float64)
 

@@ -244,6 +244,30 @@ def tiled_8() -> dict[str, Any]:
     return d
 
 
+def staircase_8() -> dict[str, Any]:
+    """Two A100, three V100, three T4 on tile and wave staircases.
+
+    Each kind pads its batch to its own tile (64 samples on A100, 32 on V100, 16 on T4) and
+    runs 30% of its work in waves of 256 / 128 / 64 samples, so the time climbs in small
+    steps at every tile and in a larger one at every wave: the shapes of tile and wave
+    quantisation, in the proportions of published per-batch-size GPU measurements (not a
+    measurement of these GPUs).
+    """
+    tiles = {"A100": (64, 256), "V100": (32, 128), "T4": (16, 64)}
+    ranks = []
+    for kind, n in (("A100", 2), ("V100", 3), ("T4", 3)):
+        tile, wave = tiles[kind]
+        ranks += [{**_rank(kind), "tile": tile, "wave": {"size": wave, "share": 0.3}}] * n
+    return {
+        "global_batch": 1024,
+        "steps": 3000,
+        "window": 30,
+        "comm": 0.01,
+        "ranks": ranks,
+        "noise": {"dist": "lognormal", "cv": 0.10, "ar1": 0.5},
+    }
+
+
 def memwall_8() -> dict[str, Any]:
     """Four A100 and four V100 whose time climbs steeply near their memory cap.
 
@@ -333,6 +357,7 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "twoscale-noise-8": _costed(twoscale_noise_8, SHAPE_CHANGE_S),
     "spiky-noise-8": _costed(spiky_noise_8, SHAPE_CHANGE_S),
     "tiled-8": _costed(tiled_8, SHAPE_CHANGE_S),
+    "staircase-8": _costed(staircase_8, SHAPE_CHANGE_S),
     "memwall-8": _costed(memwall_8, SHAPE_CHANGE_S),
     "resnet50-k80-m60-v100-6": _costed(resnet50_k80_m60_v100_6, SHAPE_CHANGE_S),
 }

@@ -11,10 +11,13 @@ Rank ``r``'s noise-free compute time for micro-batch ``b`` is one of (see
 :mod:`lightning_rex.sim.curves`):
 
 * affine: ``overhead_s + max(b, knee) / rate`` (rate in samples/s); with ``"tile": T``,
-  ``overhead_s + ceil(max(b, knee) / T) * T / rate`` (a quantisation staircase);
+  ``overhead_s + ceil(max(b, knee) / T) * T / rate`` (a quantisation staircase); with
+  ``"wave": {"size": W, "share": f}`` the share ``f`` of that work runs in whole waves of
+  ``W`` samples instead (a second, coarser staircase: a wave that is not full costs a full
+  one);
 * measured: ``"curve": [[b, seconds], ...]`` instead of ``rate``/``overhead_s``/``knee``/
-  ``tile`` (at least 2 points, ``b`` strictly increasing, times > 0): monotone PCHIP between
-  the points, flat below the first, linear from the last two above the last;
+  ``tile``/``wave`` (at least 2 points, ``b`` strictly increasing, times > 0): monotone
+  PCHIP between the points, flat below the first, linear from the last two above the last;
 
 times, with ``"wall": {"start": 0.8, "factor": 2.0}`` (needs ``mem_cap``), a memory wall
 that multiplies the time by ``1 + (factor - 1) * ((b / mem_cap - start) / (1 - start))**2``
@@ -113,6 +116,7 @@ class RankSpec:
         knee: Below this micro-batch the GPU is under-filled and time stays flat (>= 0).
         mem_cap: The largest micro-batch that fits in memory, or None.
         tile: The quantisation tile of the affine form, or None.
+        wave: The affine form's ``(samples per wave, share of the work)``, or None.
         curve: Measured ``(b, seconds)`` points replacing the affine form, or None.
         wall: The memory wall's ``(start, factor)``, or None.
         device: The hardware label (ranks with the same label share a device type), or None.
@@ -123,6 +127,7 @@ class RankSpec:
     knee: int = 0
     mem_cap: int | None = None
     tile: int | None = None
+    wave: tuple[int, float] | None = None
     curve: tuple[tuple[float, float], ...] | None = None
     wall: tuple[float, float] | None = None
     device: str | None = None
@@ -186,6 +191,9 @@ class _Curves:
         self.knee = np.array([r.knee for r in ranks])
         tiles = np.array([r.tile or 0 for r in ranks])
         self.tile = tiles if tiles.any() else None
+        waves = np.array([r.wave[0] if r.wave else 0 for r in ranks])
+        self.wave = waves if waves.any() else None
+        self.wave_share = np.array([r.wave[1] if r.wave else 0.0 for r in ranks])
         groups: dict[tuple[tuple[float, float], ...], list[int]] = {}
         for i, r in enumerate(ranks):
             if r.curve is not None:
@@ -202,12 +210,15 @@ class _Curves:
         sizes = np.asarray(sizes)
         b = np.broadcast_to(sizes[None, :], (self.rate.size, sizes.size))
         tile = None if self.tile is None else self.tile.reshape(-1, 1)
+        wave = None if self.wave is None else self.wave.reshape(-1, 1)
         t = affine_times(
             b,
             overhead_s=self.over.reshape(-1, 1),
             rate=self.rate.reshape(-1, 1),
             knee=self.knee.reshape(-1, 1),
             tile=tile,
+            wave=wave,
+            wave_share=self.wave_share.reshape(-1, 1),
         )
         for curve, ix in self.tables:
             t[ix] = curve(sizes)[None, :]
@@ -221,7 +232,15 @@ class _Curves:
         return t
 
     def __call__(self, plan: np.ndarray) -> np.ndarray:
-        t = affine_times(plan, overhead_s=self.over, rate=self.rate, knee=self.knee, tile=self.tile)
+        t = affine_times(
+            plan,
+            overhead_s=self.over,
+            rate=self.rate,
+            knee=self.knee,
+            tile=self.tile,
+            wave=self.wave,
+            wave_share=self.wave_share,
+        )
         for curve, ix in self.tables:
             t[ix] = curve(plan[ix])
         if self.walled.size:

@@ -50,6 +50,8 @@ def _rank_dict(r: RankSpec) -> dict[str, Any]:
         d = {"rate": r.rate, "overhead_s": r.overhead_s, "knee": r.knee, "mem_cap": r.mem_cap}
         if r.tile is not None:
             d["tile"] = r.tile
+        if r.wave is not None:
+            d["wave"] = {"size": r.wave[0], "share": r.wave[1]}
     if r.wall is not None:
         d["wall"] = {"start": r.wall[0], "factor": r.wall[1]}
     if r.device is not None:
@@ -103,9 +105,10 @@ _TOP = {
     "shape_cache",
     "epoch_steps",
 }
-_RANK = {"rate", "overhead_s", "knee", "mem_cap", "tile", "curve", "wall", "device"}
-_AFFINE = {"rate", "overhead_s", "knee", "tile"}
+_RANK = {"rate", "overhead_s", "knee", "mem_cap", "tile", "wave", "curve", "wall", "device"}
+_AFFINE = {"rate", "overhead_s", "knee", "tile", "wave"}
 _WALL = {"start", "factor"}
+_WAVE = {"size", "share"}
 _NOISE = {"dist", "cv", "ar1", "components", "spikes"}
 _COMPONENT = {"share", "ar1"}
 _SPIKES = {"prob", "factor"}
@@ -182,12 +185,20 @@ def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
     tile = None
     if "tile" in r:
         tile = _num(r, "tile", where, lo=1, hi=MAX_GLOBAL_BATCH, integer=True)
+    wave = None
+    if "wave" in r:
+        wd = _check_keys(r["wave"], _WAVE, f"{where}wave")
+        wave = (
+            _num(wd, "size", f"{where}wave.", lo=1, hi=MAX_GLOBAL_BATCH, integer=True),
+            _num(wd, "share", f"{where}wave.", lo=0.0, hi=1.0),
+        )
     return RankSpec(
         rate=_num(r, "rate", where, lo=1.0 / LIMITS["rate"], hi=LIMITS["rate"]),
         overhead_s=_num(r, "overhead_s", where, 0.0, lo=0.0, hi=LIMITS["overhead_s"]),
         knee=_num(r, "knee", where, 0, lo=0, hi=MAX_GLOBAL_BATCH, integer=True),
         mem_cap=cap,
         tile=tile,
+        wave=wave,
         wall=wall,
         device=device,
     )
@@ -383,6 +394,8 @@ def load_scenario(spec: str) -> Scenario:
                 ) from e
     except RecursionError as e:
         raise ScenarioError(f"{spec}: nested too deeply to be a scenario") from e
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise ScenarioError(f"{spec}: cannot be read as a scenario: {e}") from e
     return scenario_from_dict(data, name=path.stem)
 
 
