@@ -83,9 +83,19 @@ def test_quantile_is_botorchs_and_grid_prediction_reads_the_posterior():
     np.testing.assert_allclose(q.numpy(), (post.mean.squeeze(-1) - 1.5 * sd).numpy(), rtol=1e-9)
     assert torch.equal(optimistic_quantile(post, 0.0), post.mean.squeeze(-1))
     mean, quant = m.predict_grid(np.arange(1, 191), kappa=1.5, var_points=190)
-    np.testing.assert_allclose(mean, post.mean.squeeze(-1).numpy(), rtol=1e-12)
-    np.testing.assert_allclose(quant, q.numpy(), rtol=1e-9)
+    # the planner reads the mixture of the tiles' BoTorch posteriors, by each rank's weights
+    want_mean, want_q = np.zeros_like(mean), np.zeros_like(quant)
+    mixture = m.mixture()
+    np.testing.assert_allclose(sum(w for _, w in mixture), 1.0, rtol=1e-12)
+    for model, w in mixture:
+        p = model.posterior(torch.arange(1.0, 191.0).unsqueeze(-1))
+        want_mean += w[:, None] * p.mean.squeeze(-1).numpy()
+        want_q += w[:, None] * optimistic_quantile(p, 1.5).numpy()
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-12)
+    np.testing.assert_allclose(quant, want_q, rtol=1e-9)
     np.testing.assert_allclose(m.predict((64, 64, 64)), mean[:, 63], rtol=1e-12)
+    # a smooth curve: no tile is the most probable, and it carries almost all the weight
+    assert (m.tile == 1).all() and (m.tile_weights[:, 0] > 0.9).all()
 
 
 def test_posterior_model_refuses_what_it_does_not_model():

@@ -347,3 +347,70 @@ def test_a_resume_takes_this_runs_bounds_not_the_checkpoints() -> None:
     driver, _ = make(LocalCollectives(2), ScheduleTarget(PlanSchedule((32, 32), 64, bounds)))
     driver.start(44, ["cpu", "cpu"], state)
     assert isinstance(driver.decider, Controller) and driver.decider.min_size == 4
+
+
+@pytest.mark.parametrize("bad", [0, 4, 11, 5.5, True, "5"])
+def test_first_look_outside_min_steps_to_segment_is_refused(bad: Any) -> None:
+    with pytest.raises(ValueError, match="first_look"):
+        LoopConfig(window=30, looks=3, first_look=bad)
+
+
+def test_the_first_look_is_short_and_its_decision_comes_soon() -> None:
+    cfg = LoopConfig(window=30, looks=3, first_look=6)
+    assert cfg.look(True) == (6, 3) and cfg.look(False) == (10, 5)
+    assert LoopConfig(window=30, looks=3).look(True) == (5, 2)  # min_steps by default
+    assert LoopConfig(window=30).look(True) == (30, 15)  # one look per window: no first look
+
+
+def _looks(plan: Plan, bounds: SizeBounds) -> Controller:
+    n = len(plan)
+    kinds = ["fast", "fast", "slow", "slow"] if n == 4 else None
+    return Controller(
+        sum(plan),
+        n,
+        min_size=bounds.min_size,
+        max_sizes=bounds.caps(n),
+        initial_plan=plan,
+        window_steps=30,
+        looks=3,
+        groups=kinds,
+    )
+
+
+def _kinds(rank: int, step: int, b: int) -> float:
+    return (0.002 + b / RATES[rank // 2]) * _noise(rank, step)
+
+
+def test_a_fresh_fits_first_gather_is_the_first_look_then_segments() -> None:
+    # two device kinds of two ranks each: five steps are evidence enough to act on
+    target = ScheduleTarget(PlanSchedule((16, 16, 16, 16), 64))
+    driver, _ = make(LocalCollectives(4), target, _looks, window=30, looks=3, first_look=5)
+    driver.start(0, ["fast", "fast", "slow", "slow"])
+    drive(driver, target, range(60), [0, 1, 2, 3], _kinds)
+    first = driver.records[0]
+    assert first["window"] == [10, 15]  # after the warm-up, five steps
+    assert first["decision"] == "propose" and first["effective_step"] == 17  # lag 2
+    assert first["new_plan"][0] > first["new_plan"][2]
+    assert all(r["window"][1] - r["window"][0] == 10 for r in driver.records[1:])
+
+
+def test_a_checkpoint_inside_the_first_look_resumes_it() -> None:
+    def fit(stop: int, state: Any = None, start: int = 0) -> tuple[WindowDriver, ScheduleTarget]:
+        d, t = make(LocalCollectives(2), decider=_looks, window=30, looks=3, first_look=5)
+        if state is not None:
+            t.plan_schedule.load_state_dict(state[1])
+        d.start(start, ["cpu", "cpu"], None if state is None else state[0])
+        drive(d, t, range(start, stop), [0, 1])
+        return d, t
+
+    full, _ = fit(60)
+    first, t1 = fit(12)
+    saved = json.loads(json.dumps([first.state_dict(), t1.plan_schedule.state_dict()]))
+    assert saved[0]["first_look"] is True
+    resumed, _ = fit(60, saved, 12)
+    assert strip(first.records + resumed.records) == strip(full.records)
+    # a checkpoint from before first looks existed resumes with ordinary gathers
+    old = json.loads(json.dumps(saved))
+    del old[0]["first_look"]
+    legacy, _ = fit(60, old, 12)
+    assert legacy.records[0]["window"] == [10, 20]

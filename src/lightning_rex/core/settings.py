@@ -8,10 +8,9 @@ settings into the decider both run. A parameter's default is written here and no
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
 
+from lightning_rex.core.checks import is_integer, is_number
 from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
 
 __all__ = ["DecisionSettings", "default_looks"]
@@ -27,14 +26,6 @@ def default_looks(window: int) -> int:
         ``max(1, min(3, window // 10))``: 3 for the default window of 30, 1 below 20.
     """
     return max(1, min(3, int(window) // 10))
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _integer(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -68,6 +59,12 @@ class DecisionSettings:
         pool_by_device: Ranks on devices of the same identity share evidence in the time
             model (groups of 4 or more).
         global_batch: Global batch scaling's settings, or None (off).
+        shape_change_s: The seconds a step pays when a rank runs a micro-batch size it has
+            not run recently (cuDNN autotuning, recompilation), if known (the simulator
+            knows its scenario's); None: measured from the first step of every new plan.
+        payback_windows: A change that brings new sizes must pay their cost back, twice,
+            within this many windows of predicted gain (>= 1).
+        shape_cache: The distinct sizes per rank taken as still cached (no new cost).
 
     Raises:
         ValueError: Naming the argument, for a value outside its range.
@@ -91,31 +88,44 @@ class DecisionSettings:
     looks: int | None = None
     pool_by_device: bool = True
     global_batch: GlobalBatchScaling | None = None
+    shape_change_s: float | None = None
+    payback_windows: int = 10
+    shape_cache: int = 8
 
     def __post_init__(self) -> None:
         unit = ("alpha", "consistency", "ending_alpha", "validation_confidence")
         for name in unit:
             v = getattr(self, name)
-            if not (_number(v) and 0.0 < v < 1.0):
+            if not (is_number(v) and 0.0 < v < 1.0):
                 raise ValueError(f"{name} must be in (0, 1), got {v!r}")
         for name in ("min_effect", "min_gain", "margin", "tolerance", "explore", "explore_slack"):
             v = getattr(self, name)
-            if not (_number(v) and v >= 0.0):
+            if not (is_number(v) and v >= 0.0):
                 raise ValueError(f"{name} must be >= 0 (a finite number), got {v!r}")
-        if not (_number(self.memory) and self.memory > 0.0):
+        if not (is_number(self.memory) and self.memory > 0.0):
             raise ValueError(f"memory must be a finite number > 0, got {self.memory!r}")
-        if not (_integer(self.persistence) and self.persistence >= 1):
+        if not (is_integer(self.persistence) and self.persistence >= 1):
             raise ValueError(
                 f"persistence must be an integer >= 1 window, got {self.persistence!r}"
             )
-        if not (_integer(self.num_basis) and self.num_basis >= 4):
+        if not (is_integer(self.num_basis) and self.num_basis >= 4):
             raise ValueError(f"num_basis must be an integer >= 4, got {self.num_basis!r}")
-        if not _integer(self.seed):
+        if not is_integer(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not (_integer(self.window) and self.window >= 2):
+        if not (is_integer(self.window) and self.window >= 2):
             raise ValueError(f"window must be an integer >= 2 steps, got {self.window!r}")
-        if self.looks is not None and not (_integer(self.looks) and self.looks >= 1):
+        if self.looks is not None and not (is_integer(self.looks) and self.looks >= 1):
             raise ValueError(f"looks must be an integer >= 1 or None, got {self.looks!r}")
+        if self.shape_change_s is not None and not (
+            is_number(self.shape_change_s) and self.shape_change_s >= 0
+        ):
+            raise ValueError(
+                f"shape_change_s must be seconds >= 0 or None, got {self.shape_change_s!r}"
+            )
+        for name in ("payback_windows", "shape_cache"):
+            v = getattr(self, name)
+            if not (is_integer(v) and v >= 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.pool_by_device, bool):
             raise ValueError(f"pool_by_device must be True or False, got {self.pool_by_device!r}")
         if self.global_batch is not None and not isinstance(self.global_batch, GlobalBatchScaling):

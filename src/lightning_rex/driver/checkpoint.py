@@ -5,7 +5,7 @@ The state is plain JSON-able data (``version`` 2)::
     {"version", "run_id", "world_size", "global_batch",
      "skip_until", "exchange_at", "steps", "window_plan", "partial",   # the window so far
      "pending",                                                         # decisions not exchanged
-     "dropped", "controller", "device_rates"}
+     "dropped", "first_look", "controller", "device_rates"}
 
 :func:`check_state` checks every field against the run before anything is restored: a
 partial window with one row of the same length per rank, steps in order, a window plan
@@ -34,6 +34,7 @@ from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.core.saved import (
     StateError,
     field,
+    flag,
     int_list,
     optional,
     real,
@@ -245,6 +246,8 @@ def check_state(
         for i, p in enumerate(pend)
     ]
     out["dropped"] = whole(field(s, "dropped", name), f"{name}.dropped", 0)
+    # absent from checkpoints written before the first look existed: nothing left to do early
+    out["first_look"] = flag(s.get("first_look", False), f"{name}.first_look")
     ctl = field(s, "controller", name)
     if ctl is not None and check_decider is not None:
         ctl = check_decider(ctl, global_batch, world_size)

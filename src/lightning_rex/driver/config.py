@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lightning_rex.core.checks import is_integer
+
 __all__ = ["LoopConfig"]
 
 
@@ -33,6 +35,10 @@ class LoopConfig:
             samples are gathered and handed to the decider, which joins a window's segments
             and may act before the window is whole (``Controller(looks=...)``). 1: one
             gather per window. ``segment`` must be >= 5.
+        first_look: With ``looks > 1``, the steps of a fresh fit's first gather after the
+            warm-up (the cold start's look at the initial plan, a guess worth replacing
+            early); its decision is exchanged ``first_look // 2`` steps later (at least 1).
+            None: ``min_steps``. In ``[min_steps, segment]``.
 
     Raises:
         ValueError: Naming the argument, for values outside those ranges.
@@ -45,24 +51,36 @@ class LoopConfig:
     apply_plans: bool = True
     min_steps: int = 5
     looks: int = 1
+    first_look: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.window, bool) or int(self.window) != self.window or self.window < 5:
-            raise ValueError(f"window must be an integer >= 5 steps, got {self.window}")
-        if isinstance(self.looks, bool) or int(self.looks) != self.looks or self.looks < 1:
-            raise ValueError(f"looks must be an integer >= 1, got {self.looks}")
+        if not (is_integer(self.window) and self.window >= 5):
+            raise ValueError(f"window must be an integer >= 5 steps, got {self.window!r}")
+        if not (is_integer(self.looks) and self.looks >= 1):
+            raise ValueError(f"looks must be an integer >= 1, got {self.looks!r}")
+        if not isinstance(self.background, bool):
+            raise ValueError(f"background must be True or False, got {self.background!r}")
         if self.segment < 5:
             raise ValueError(
                 f"looks={self.looks} cuts window={self.window} into segments of"
                 f" {self.segment} steps: each needs >= 5"
             )
-        if isinstance(self.warmup, bool) or int(self.warmup) != self.warmup or self.warmup < 0:
-            raise ValueError(f"warmup must be an integer >= 0 steps, got {self.warmup}")
-        if not 1 <= self.min_steps <= self.segment:
+        if not (is_integer(self.warmup) and self.warmup >= 0):
+            raise ValueError(f"warmup must be an integer >= 0 steps, got {self.warmup!r}")
+        if not (is_integer(self.min_steps) and 1 <= self.min_steps <= self.segment):
             raise ValueError(
                 f"min_steps must be in [1, segment={self.segment}], got {self.min_steps}"
             )
-        if not 1 <= self.lag < self.segment or int(self.lag) != self.lag:
+        first = self.first_look
+        if first is not None and not (
+            is_integer(first) and self.min_steps <= first <= self.segment
+        ):
+            raise ValueError(
+                f"first_look must be an integer in [min_steps={self.min_steps},"
+                f" segment={self.segment}], got {first}"
+            )
+        lag = self.decision_lag
+        if (lag is not None and not is_integer(lag)) or not 1 <= self.lag < self.segment:
             raise ValueError(
                 f"decision_lag must be in [1, segment={self.segment}), got {self.decision_lag}"
             )
@@ -76,3 +94,26 @@ class LoopConfig:
     def lag(self) -> int:
         """The decision lag in steps."""
         return self.segment // 2 if self.decision_lag is None else self.decision_lag
+
+    def look(self, first: bool) -> tuple[int, int]:
+        """``(steps, lag)`` of a gather: a fresh fit's first one, or any other.
+
+        Args:
+            first: Whether the gather is a fresh fit's first.
+
+        Returns:
+            Its length in steps and the lag of its decision.
+        """
+        return (self.first_segment, self.first_lag) if first else (self.segment, self.lag)
+
+    @property
+    def first_segment(self) -> int:
+        """Steps of a fresh fit's first gather: ``first_look`` with looks, else ``segment``."""
+        if self.looks == 1:
+            return self.segment
+        return int(self.min_steps if self.first_look is None else self.first_look)
+
+    @property
+    def first_lag(self) -> int:
+        """The decision lag after the first gather: ``lag``, at most half the first look."""
+        return min(self.lag, max(1, self.first_segment // 2))

@@ -106,6 +106,7 @@ class WindowDriver:
         self.failed = False
         self._failures = Failures()
         self._skip_until, self._exchange_at = 0, None  # type: tuple[int, int | None]
+        self._first_look = False  # the next gather is a fresh fit's first (config.look)
         self._samples: list[Any] = []
         self._steps: list[int] = []
         self._window_plan: Plan | None = None
@@ -224,9 +225,11 @@ class WindowDriver:
                 rows[lo : lo + self.collectives.hosted, j] for j in range(len(self._steps))
             ]
             self.dropped = saved["dropped"]
+            self._first_look = saved["first_look"]
             self._resumed_window = bool(self._steps)  # its wall time began in another run
         else:
             self._skip_until = max(self._skip_until, step + self.config.warmup)
+            self._first_look = True
         if self.is_rank_zero:
             with self.guard("building the decider"):
                 self.decider = self._make_decider(plan, bounds)
@@ -266,8 +269,10 @@ class WindowDriver:
         self._last_clock = now
         if self._exchange_at is not None and step >= self._exchange_at:
             self._exchange(step)
-        if len(self._steps) >= self.config.segment:
-            self._close(step)
+        steps, lag = self.config.look(self._first_look)
+        if len(self._steps) >= steps:
+            self._first_look = False
+            self._close(step, lag)
 
     def _read(self, what: str) -> np.ndarray:
         """The window's samples as seconds, ``(hosted, k)``; NaN where reading failed."""
@@ -278,7 +283,7 @@ class WindowDriver:
                 out[:] = np.asarray(self._resolve(self._samples), dtype=np.float64).reshape(h, k)
         return out
 
-    def _close(self, step: int) -> None:
+    def _close(self, step: int, lag: int) -> None:
         k, h = len(self._steps), self.collectives.hosted
         rows = np.full((h, k + 2), np.nan)
         rows[:, :k] = self._read("reading the window's step times")
@@ -299,7 +304,7 @@ class WindowDriver:
             with self.guard("building the window"):
                 self._submit(gathered[:, :k], gathered[:, k], telemetry)
         self._samples, self._steps = [], []
-        self._schedule_exchange(step + self.config.lag)
+        self._schedule_exchange(step + lag)
 
     def _submit(self, times: np.ndarray, caps_col: np.ndarray, telemetry: Any) -> None:
         assert self.observer is not None and self._window_plan is not None
@@ -415,11 +420,9 @@ class WindowDriver:
         and saves the decisions not yet exchanged.
 
         Returns:
-            JSON-able data (see :mod:`lightning_rex.driver.checkpoint`).
-
-            Empty after a :class:`RexRankError` (every rank raised it together, and a save
-            while handling it, such as Lightning's ``OnExceptionCheckpoint``, must not
-            start another collective).
+            JSON-able data (see :mod:`lightning_rex.driver.checkpoint`); empty after a
+            :class:`RexRankError` (raised on every rank: a save while handling it, such as
+            Lightning's ``OnExceptionCheckpoint``, must not start another collective).
 
         Raises:
             RexRankError: On every rank, when a rank's work had failed.
@@ -458,6 +461,7 @@ class WindowDriver:
             "partial": partial,
             "pending": pending,
             "dropped": self.dropped,
+            "first_look": self._first_look,
             "controller": controller,
             "device_rates": rates,
         }

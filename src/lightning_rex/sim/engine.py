@@ -297,6 +297,8 @@ def simulate(
         int(seed),
         s.epoch_steps,
         s.devices,
+        s.shape_change_s,
+        s.shape_cache,
     )
     policy.reset(info)
     if isinstance(policy, OraclePolicy):

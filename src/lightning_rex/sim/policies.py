@@ -206,7 +206,14 @@ class RexPolicy(PolicyBase):
 
     def reset(self, info: PolicyInfo) -> None:
         """Build a fresh decider for the run (the one builder training uses)."""
-        settings = replace(self.settings, seed=info.seed, window=info.window)
+        # the scenario's shape cost is known here (training measures it at every change)
+        settings = replace(
+            self.settings,
+            seed=info.seed,
+            window=info.window,
+            shape_change_s=info.shape_change_s,
+            shape_cache=info.shape_cache,
+        )
         bounds = SizeBounds(info.min_size).with_caps(info.max_sizes)
         self.controller = build.build_decider(
             settings, info.initial_plan, info.global_batch, bounds, info.devices

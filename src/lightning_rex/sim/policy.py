@@ -48,6 +48,8 @@ class PolicyInfo:
         seed: The run's seed.
         epoch_steps: Steps per epoch (for policies that act once an epoch).
         devices: Per-rank hardware labels (None where unlabelled).
+        shape_change_s: Seconds a rank pays for a size it has not run recently.
+        shape_cache: How many distinct recent sizes a rank keeps free.
     """
 
     global_batch: int
@@ -59,6 +61,8 @@ class PolicyInfo:
     seed: int
     epoch_steps: int = 300
     devices: tuple[str | None, ...] = ()
+    shape_change_s: float = 0.0
+    shape_cache: int = 8
 
 
 class Policy(Protocol):

@@ -39,7 +39,12 @@ from lightning_rex.core.decision import Decision, DecisionKind
 from lightning_rex.core.model.time_model import RankTimeModel
 from lightning_rex.core.plans.plan import Plan, even_plan, validate_plan
 from lightning_rex.core.plans.planner import exploration_kappa, resolve_bounds
-from lightning_rex.core.plans.proposal import best_plan_for, propose_plan, refit_when_due
+from lightning_rex.core.plans.proposal import (
+    best_plan_for,
+    propose_plan,
+    recent_sizes,
+    refit_when_due,
+)
 from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.core.saved import StateError
 from lightning_rex.core.settings import DecisionSettings
@@ -48,6 +53,9 @@ from lightning_rex.core.stats.significance import ImbalanceResult, WindowHistory
 from lightning_rex.core.window import Window
 
 __all__ = ["Controller", "Decision"]
+
+_MAX_FLOORS = 256
+"""The most floors from rolled-back plans kept (the oldest go first)."""
 
 
 class Controller:
@@ -233,7 +241,7 @@ class Controller:
             raise ValueError(f"window has {window.n_ranks} ranks, expected {self.world_size}")
         st = self._s
         st.back_in_force(window.plan)
-        taken, partial = self._looks.take(st, window, self.settings, self._floors)
+        taken, partial = self._looks.take(st, window, self.settings, self._floors, self.model.group)
         if taken is not None:
             return self._observe(taken)
         return Decision(
@@ -259,7 +267,10 @@ class Controller:
         )
         self._history.add(sig.z, window.plan, window.n_steps)
         logs = np.log(window.times)
-        rel_var = float(np.median(logs.var(axis=1))) * (math.pi / 2) * sig.inflation
+        # a robust spread (MAD): a new shape's first step or a stall must not make a window
+        # look noisy, or its medians would teach the model nothing
+        mad = np.median(np.abs(logs - np.median(logs, axis=1, keepdims=True)), axis=1)
+        rel_var = float(np.median((1.4826 * mad) ** 2)) * (math.pi / 2) * sig.inflation
         self.model.add(window.plan, window.medians, rel_var / window.n_steps)
         measured = float(window.medians.max())
         summary = sig.to_dict()
@@ -298,6 +309,7 @@ class Controller:
             consistency=s.consistency,
             ending_alpha=s.ending_alpha,
             floors=self._floors,
+            labels=self.model.group,
         )
         if not flagged:
             return decide("hold", None, why)
@@ -334,6 +346,7 @@ class Controller:
             kappa=exploration_kappa(self.settings.explore, self.model.n_obs),
             explore_slack=self.settings.explore_slack,
             in_bounds=not self._violates_bounds(st.plan),
+            floors=st.floors,
         )
 
     def _propose(
@@ -352,11 +365,61 @@ class Controller:
             if not force and (plan == st.plan or pred_new > pred_cur * (1.0 - gain)):
                 st.changed = False
                 return decide("hold", None, f"{reason}; no plan predicted {gain:.0%} faster")
+            unpaid = self._unpaid(plan, pred_cur - pred_new)
+            if not force and unpaid:
+                st.changed = False
+                return decide("hold", None, f"{reason}; {unpaid}")
         else:
             pred_new = float(self.model.predict(plan).max())
         base = st.baseline_for(window.step_max.tolist(), trigger, self.settings.margin)
         st.propose(plan, pred_new, base)
         return decide("propose", plan, reason, pred_new)
+
+    def _unpaid(self, plan: Plan, gain_s: float) -> str:
+        """Why a plan's gain does not pay for the new sizes it brings ("" when it does).
+
+        A size a rank has not run recently costs a step its one-off price (known, or
+        measured at every change); the predicted gain per step over ``payback_windows``
+        windows must pay it twice (the validation window at risk, the chance of a rollback).
+        """
+        s = self.settings
+        cost = s.shape_change_s if s.shape_change_s is not None else self._s.shape_cost_s
+        if cost <= 0:
+            return ""
+        recent = recent_sizes(self.model.sizes, s.shape_cache)
+        new = [r for r, b in enumerate(plan) if b not in recent[r]]
+        horizon = s.payback_windows * s.window
+        if not new or gain_s * horizon >= 2.0 * cost:
+            return ""
+        return (
+            f"its gain ({1e3 * gain_s:.2f} ms per step over {horizon} steps) does not pay twice"
+            f" for {len(new)} new size(s) at {cost:.3g} s"
+        )
+
+    def _floors_from(self, window: Window, back: Plan) -> list[list[float]]:
+        """What a rejected plan measured, as floors: no rank is predicted faster there.
+
+        A rank whose time grew by more than its size (beyond noise) met a jump, which lies
+        somewhere between its size before the trial and its size in it: its floor holds from
+        just above the former, so that a size a few samples smaller is not the next proposal.
+        A rank's floor also holds for the members of its device group that ran the same size
+        before the trial (the same kernels jump at the same sizes), scaled by their level
+        relative to it there, so that one rollback teaches the whole kind.
+        """
+        sd = math.sqrt(float(self.model.rel_var[-1]))
+        level = np.asarray(self._s.reference or window.medians, dtype=np.float64)
+        group = self.model.group
+        out = []
+        for r, (b, m) in enumerate(zip(window.plan, window.medians)):
+            if b == back[r]:
+                continue  # nothing new was measured on this rank
+            jumped = b > back[r] and m / level[r] > b / back[r] * (1 + 2 * sd)
+            start = back[r] + 1 if jumped else b
+            kin = np.flatnonzero((group == group[r]) & (np.asarray(back) == back[r]))
+            out += [
+                [int(q), int(start), float(m * level[q] / level[r]) * (1 - 2 * sd)] for q in kin
+            ]
+        return out
 
     def try_plan(self, plan: Sequence[int]) -> None:
         """Apply a plan chosen outside the controller, validated like its own proposals.
@@ -390,12 +453,17 @@ class Controller:
         self, window: Window, sig: ImbalanceResult, measured: float, decide: Any
     ) -> Decision:
         st, predicted = self._s, self._s.predicted
+        if not st.trial and st.previous is not None:
+            st.measure_shape_cost(window, st.previous)
         j = measure_trial(st, window, self.model, self.settings, measured, self._looks.whole_conf)
         if j is None:  # too short to compare (a window cut by dropped steps): not a look
             return decide("hold", None, "validation window too short: not counted", predicted)
         if j.outcome == "extend":
             return decide("hold", None, j.reason, predicted)
         if j.outcome == "rollback":
+            back = st.previous
+            assert back is not None
+            st.floors = (st.floors + self._floors_from(window, back))[-_MAX_FLOORS:]
             return decide("rollback", st.roll_back(), j.reason, predicted)
         st.accept(window.medians.tolist(), st.trial, window.times.tolist())
         if sig.imbalanced and j.ratio < 1.0:

@@ -28,6 +28,7 @@ from lightning_rex.core.saved import (
     whole,
 )
 from lightning_rex.core.saved import field as state_field
+from lightning_rex.core.window import Window
 
 __all__ = ["BASELINE_WINDOWS", "ControllerState", "Phase", "check_controller_state"]
 
@@ -61,6 +62,10 @@ class ControllerState:
         reference: The per-rank medians when the plan in force was accepted.
         fitted_at: The model's window count at the last hyperparameter fit (-1: never).
         windows_seen: Whole windows observed.
+        shape_cost_s: The measured seconds a step pays for new sizes (0 until measured).
+        floors: ``[rank, size, seconds]`` from rolled-back plans: the rank (or one of its
+            device group) took about that long there, so the planner predicts it no faster
+            from that size up (until its speed changes).
     """
 
     global_batch: int
@@ -79,6 +84,8 @@ class ControllerState:
     reference: list[float] | None = None
     fitted_at: int = -1
     windows_seen: int = 0
+    shape_cost_s: float = 0.0
+    floors: list[list[float]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ transitions
     def restart(self, plan: Plan, global_batch: int | None = None) -> None:
@@ -141,8 +148,10 @@ class ControllerState:
     def mark_changes(self, flagged: list[int], model: RankTimeModel, min_effect: float) -> None:
         """Flagged ranks whose curve changed get their older observations discounted.
 
-        A rank changed when its recent median moved by more than ``min_effect`` since the plan
-        was accepted, or sits that far from what the model predicts at its current size.
+        A rank changed when its recent median sits more than ``min_effect`` from what the model
+        predicts at its current size, or from its median when the plan was accepted, beyond
+        three standard errors of the difference (a window median is noisy, and a false change
+        point makes a rank forget what it has measured).
 
         Args:
             flagged: The ranks a persistent imbalance flagged.
@@ -151,14 +160,43 @@ class ControllerState:
         """
         recent = np.median(np.concatenate([np.asarray(w) for w in self.recent], axis=1), axis=1)
         thr = math.log1p(min_effect)
-        gap = np.abs(np.log(recent / model.predict(self.plan)))
+        # a window median's relative standard error: the recent windows' median has its
+        # share of it, which counts against the gap (noise is not a change)
+        se = math.sqrt(float(model.rel_var[-1])) if model.rel_var else 0.0
+        gap = np.abs(np.log(recent / model.predict(self.plan))) - 1.5 * se / math.sqrt(
+            max(1, len(self.recent))
+        )
         if self.reference is not None:
-            gap = np.maximum(gap, np.abs(np.log(recent / np.asarray(self.reference))))
+            # the reference is one window's medians: its own noise counts against the gap
+            ref_gap = np.abs(np.log(recent / np.asarray(self.reference))) - 3.0 * math.sqrt(2) * se
+            gap = np.maximum(gap, ref_gap)
         moved = [r for r in flagged if gap[r] > thr]
         self.changed = bool(moved)
-        if moved:
+        if moved:  # measurements changed: what a rollback taught about these ranks is stale
+            self.floors = [f for f in self.floors if int(f[0]) not in moved]
             self.rolled_back = False  # a new cluster: gains are worth proposing again
             model.forget(moved, keep_last=len(self.recent))
+
+    def measure_shape_cost(self, window: Window, previous: Plan) -> None:
+        """Learn what a step pays for new sizes, from a new plan's first window.
+
+        Its first step is the plan's first: the ranks whose size changed pay for the new
+        shape there. The step's cost is the largest such rank's first time above the
+        median of its others; a running mean of those is kept.
+
+        Args:
+            window: The first window under the new plan (starting at its first step).
+            previous: The plan before it.
+        """
+        if window.n_steps < 3:
+            return
+        t = window.times
+        changed = [r for r, (a, b) in enumerate(zip(window.plan, previous)) if a != b]
+        if not changed:
+            return
+        extra = max(float(t[r, 0] - np.median(t[r, 1:])) for r in changed)
+        cost = max(0.0, extra)
+        self.shape_cost_s = cost if self.shape_cost_s == 0.0 else 0.5 * (self.shape_cost_s + cost)
 
     def back_in_force(self, plan: Plan) -> None:
         """A window under ``plan``: if it is the plan a rollback went back to, steady again."""
@@ -227,6 +265,8 @@ class ControllerState:
             "trial": self.trial,
             "rolled_back": self.rolled_back,
             "changed": self.changed,
+            "shape_cost_s": self.shape_cost_s,
+            "floors": self.floors,
         }
 
     @classmethod
@@ -256,6 +296,8 @@ class ControllerState:
             reference=s["reference"],
             fitted_at=s["fitted_at"],
             windows_seen=s["windows_seen"],
+            shape_cost_s=s["shape_cost_s"],
+            floors=s["floors"],
         )
 
 
@@ -319,6 +361,16 @@ def check_controller_state(
     out["changed"] = flag(d.get("changed", False), f"{name}.changed")
     out["trial"] = _rows(d.get("trial", []), f"{name}.trial")
     out["rolled_back"] = flag(d.get("rolled_back", False), f"{name}.rolled_back")
+    out["shape_cost_s"] = real(d.get("shape_cost_s", 0.0), f"{name}.shape_cost_s")
+    if out["shape_cost_s"] < 0:
+        raise StateError(f"{name}.shape_cost_s", f"must be seconds >= 0, got {out['shape_cost_s']}")
+    floors = d.get("floors", [])
+    out["floors"] = matrix(floors, f"{name}.floors", None, 3) if floors else []
+    for i, (r, b, t) in enumerate(out["floors"]):
+        if int(r) != r or not 0 <= r < world_size or int(b) != b or b < 1 or t <= 0:
+            raise StateError(
+                f"{name}.floors[{i}]", f"must be [rank, size >= 1, seconds > 0], got {[r, b, t]}"
+            )
     segs = d.get("segments", [])
     if not isinstance(segs, list):
         raise StateError(f"{name}.segments", "must be a list of the window's segments")

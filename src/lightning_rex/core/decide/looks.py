@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lightning_rex.core.stats.noninferiority import non_inferiority
-from lightning_rex.core.stats.persistence import cold_start_ranks, persistent_ranks, pointing
+from lightning_rex.core.stats.persistence import cold_start_flagged, persistent_ranks, pointing
 from lightning_rex.core.stats.significance import ending_p_value, imbalance_test
 from lightning_rex.core.window import Window
 
@@ -147,6 +147,7 @@ def early_imbalance(
     ending_alpha: float,
     floors: tuple[float, float],
     cold: bool = False,
+    labels: np.ndarray | None = None,
 ) -> list[int]:
     """The ranks an early look flags: the persistence rule at an early look's levels.
 
@@ -161,19 +162,22 @@ def early_imbalance(
         floors: Long-run variance factors from earlier windows, for one window and for the
             windows pooled.
         cold: Cold start (the controller's first window): the ranks
-            :func:`~lightning_rex.core.stats.persistence.cold_start_ranks` flags, at an early
-            look's levels.
+            :func:`~lightning_rex.core.stats.persistence.cold_start_flagged` flags, at the
+            cold start's own level (the initial plan is a guess, and what it proposes must
+            still be predicted faster and be validated).
+        labels: Each rank's device group, or None (a cold start also tests kinds).
 
     Returns:
         The flagged ranks, sorted (empty when the evidence is not yet conclusive).
     """
+    if cold:
+        sig = imbalance_test(wins[-1], alpha=alpha, min_effect=min_effect, min_inflation=floors[0])
+        return cold_start_flagged(wins[-1], sig, labels, alpha, min_effect, floors[0])
     a, c = alpha * EARLY_LEVEL, consistency * EARLY_LEVEL
     effect = _EARLY_EFFECT * min_effect
     # cheap first: the partial window must point at a rank on its own
     sig = imbalance_test(wins[-1], alpha=a, min_effect=effect, min_inflation=floors[0])
     points = pointing(sig, c, effect)
-    if cold:
-        return cold_start_ranks(sig, a, effect)
     if not bool(points.any()):
         return []
     flagged = persistent_ranks(
@@ -221,6 +225,7 @@ def closes_early(
     window_steps: int,
     floors: tuple[float, float],
     confidence: float,
+    labels: np.ndarray | None = None,
 ) -> bool:
     """Whether a partial window's evidence is clear enough to close the window now.
 
@@ -231,6 +236,7 @@ def closes_early(
         window_steps: Steps of a whole window.
         floors: Long-run variance factors from earlier windows.
         confidence: An early validation look's confidence.
+        labels: Each rank's device group, or None.
 
     Returns:
         While validating: the plan is shown within the margin, or shown worse. While
@@ -263,6 +269,7 @@ def closes_early(
             consistency=settings.consistency,
             ending_alpha=settings.ending_alpha,
             floors=floors,
+            labels=labels,
         )
     )
 
@@ -311,6 +318,7 @@ class Looks:
         window: Window,
         settings: DecisionSettings,
         floors: tuple[float, float],
+        labels: np.ndarray | None = None,
     ) -> tuple[Window | None, Window]:
         """The window to decide on now, if any, and the window so far.
 
@@ -319,6 +327,7 @@ class Looks:
             window: A segment (or, with one look, a whole window).
             settings: The decision parameters.
             floors: Long-run variance factors from earlier windows.
+            labels: Each rank's device group, or None.
 
         Returns:
             ``(window to decide on or None, the partial window)``: a whole window, one
@@ -335,7 +344,7 @@ class Looks:
         partial = self.segments.add(window)
         whole = self.segments.window_steps
         if partial.n_steps >= whole or closes_early(
-            state, partial, settings, whole, floors, self.early_conf
+            state, partial, settings, whole, floors, self.early_conf, labels
         ):
             self.segments.clear()
             return partial, partial

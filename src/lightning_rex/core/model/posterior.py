@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from botorch.models.model import Model
 from botorch.posteriors.gpytorch import GPyTorchPosterior
@@ -32,7 +33,7 @@ from linear_operator.operators import (
 )
 from scipy import stats
 
-__all__ = ["SplineAffineModel", "optimistic_quantile"]
+__all__ = ["SplineAffineModel", "grid_quantile", "optimistic_quantile"]
 
 
 class SplineAffineModel(Model):
@@ -138,3 +139,40 @@ def optimistic_quantile(posterior: GPyTorchPosterior, kappa: float) -> torch.Ten
     q = torch.tensor(float(stats.norm.cdf(-kappa)), dtype=posterior.mean.dtype)
     out = posterior.quantile(q)
     return out.squeeze(-1) if out.dim() > 2 else out
+
+
+def grid_quantile(
+    model: Model, sizes: np.ndarray, kappa: float, var_points: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A batched model's mean and optimistic quantile on one size grid shared by all ranks.
+
+    Args:
+        model: A model whose posterior at ``(G, 1)`` sizes has shape ``(N, G)``.
+        sizes: The grid, shape ``(G,)``.
+        kappa: Standard deviations of the quantile below the mean (0: the mean).
+        var_points: The quantile's distance from the mean is computed on at most this many
+            grid points and interpolated linearly between them.
+
+    Returns:
+        ``(mean, quantile)``, both ``(N, G)``.
+    """
+    grid = torch.as_tensor(np.asarray(sizes, dtype=np.float64))
+    first = model.posterior(grid.unsqueeze(-1))
+    assert isinstance(first, GPyTorchPosterior)
+    mean = first.mean.squeeze(-1).numpy()
+    if kappa <= 0:
+        return mean, mean.copy()
+    g = grid.numel()
+    idx = np.unique(np.linspace(0, g - 1, min(g, var_points)).round().astype(np.int64))
+    post = model.posterior(grid[idx].unsqueeze(-1))
+    assert isinstance(post, GPyTorchPosterior)
+    gap_c = (post.mean.squeeze(-1) - optimistic_quantile(post, kappa)).numpy()
+    if len(idx) < g:  # linear interpolation between the computed points, all ranks at once
+        pos = np.arange(g)
+        hi = np.clip(np.searchsorted(idx, pos), 1, len(idx) - 1)
+        lo = hi - 1
+        w = (pos - idx[lo]) / (idx[hi] - idx[lo])
+        gap = gap_c[:, lo] * (1.0 - w) + gap_c[:, hi] * w
+    else:
+        gap = gap_c
+    return mean, mean - gap

@@ -1,8 +1,15 @@
-"""Checking a saved rank time model, field by field, before it is loaded."""
+"""A rank time model's saved form: written, checked field by field, and restored.
+
+:class:`SavedModelState` gives :class:`~lightning_rex.core.model.time_model.RankTimeModel`
+its ``state_dict`` / ``load_state_dict``; :func:`check_model_state` checks saved state
+before anything is loaded.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from lightning_rex.core.saved import (
     StateError,
@@ -15,7 +22,7 @@ from lightning_rex.core.saved import (
     whole,
 )
 
-__all__ = ["check_model_state"]
+__all__ = ["SavedModelState", "check_model_state"]
 
 
 def check_model_state(d: Any, world_size: int, name: str = "model") -> dict[str, Any]:
@@ -57,3 +64,62 @@ def check_model_state(d: Any, world_size: int, name: str = "model") -> dict[str,
     if sizes and out["scale"] is None:
         raise StateError(f"{name}.scale", "must be set once windows are held")
     return out
+
+
+class SavedModelState:
+    """``state_dict`` / ``load_state_dict`` of the rank time model (its stored fields)."""
+
+    world_size: int
+    outputscale: float
+    n_fits: int
+    scale: np.ndarray | None
+    first_u: np.ndarray | None
+    sizes: list[list[int]]
+    medians: list[list[float]]
+    rel_var: list[float]
+    n_added: int
+    cutoff: np.ndarray
+    group: np.ndarray
+    _post: Any
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: observations, scale, hyperparameters and fit count."""
+        return {
+            "outputscale": self.outputscale,
+            "n_fits": self.n_fits,
+            "scale": None if self.scale is None else [float(s) for s in self.scale],
+            "first_u": None if self.first_u is None else [float(s) for s in self.first_u],
+            "sizes": [list(r) for r in self.sizes],
+            "medians": [list(r) for r in self.medians],
+            "rel_var": list(self.rel_var),
+            "n_added": self.n_added,
+            "cutoff": [int(c) for c in self.cutoff],
+            "group": [int(g) for g in self.group],
+        }
+
+    #: Check saved model state against the number of ranks, without loading it: see
+    #: :func:`check_model_state`.
+    check_state = staticmethod(check_model_state)
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Args:
+            d: A dict from :meth:`state_dict`.
+
+        Raises:
+            StateError: Naming the field, when the state does not fit (see
+                :meth:`check_state`).
+        """
+        c = self.check_state(d, self.world_size)
+        self.outputscale = c["outputscale"]
+        self.n_fits = c["n_fits"]
+        self.scale = None if c["scale"] is None else np.asarray(c["scale"], dtype=np.float64)
+        self.first_u = None if c["first_u"] is None else np.asarray(c["first_u"], dtype=np.float64)
+        self.sizes = c["sizes"]
+        self.medians = c["medians"]
+        self.rel_var = c["rel_var"]
+        self.n_added = c["n_added"]
+        self.cutoff = np.asarray(c["cutoff"], dtype=np.int64)
+        self.group = np.asarray(c["group"], dtype=np.int64)
+        self._post = None

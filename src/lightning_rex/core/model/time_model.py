@@ -2,46 +2,56 @@
 
 Every rank's compute time for micro-batch ``b`` is modelled as
 
-    t_r(b) = a_r + b / rate_r + f_r(b),   f_r ~ GP(0, s^2 k_spline)
+    t_r(b) = a_r + b / rate_r + c_r pad_T(b) + f_r(b),   f_r ~ GP(0, s^2 k_spline)
 
-where ``k_spline`` is :class:`~lightning_rex.core.model.kernels.SplineKernel` on a log scale over
-the sizes a rank can plausibly get, ``[b_ref / 16, 16 b_ref]`` clipped to ``[1, b_max]``
+where ``k_spline`` is :class:`~lightning_rex.core.model.kernels.SplineKernel` on a log scale
+over the sizes a rank can plausibly get, ``[b_ref / 16, 16 b_ref]`` clipped to ``[1, b_max]``
 (``b_ref = B / N``): knots a constant ratio apart (1.53x with 16 cubic basis functions), so
-a knee at 24 samples and a memory wall at 250 are both resolved whatever ``B``. (Over
-``[0, B - N + 1]`` at 64 ranks the knots were 576 samples apart and every size in play sat
-in the first interval.) Beyond the domain the spline is flat and the affine part
-extrapolates. Compute time is
-affine, not proportional, in ``b`` (``a_r = 0`` is the proportional model of LBB and BOA);
-the GP residual captures the knee of an under-filled GPU and the memory wall.
+a knee at 24 samples and a memory wall at 250 are both resolved whatever ``B``. Beyond the
+domain the spline is flat and the affine part extrapolates. Compute time is affine, not
+proportional, in ``b`` (``a_r = 0`` is the proportional model of LBB and BOA); the GP
+residual captures the knee of an under-filled GPU and the memory wall. ``pad_T(b)`` is the
+padding of ``b`` up to a multiple of a tile ``T``: a staircase no smooth spline resolves.
+Which tile a rank has is inferred (:mod:`~lightning_rex.core.model.tiles`), and predictions
+average the tile hypotheses by their posterior probability.
 
 Scale. The spline kernel has finite rank, so the GP is Bayesian linear regression on the
-features ``[1, b / b_ref, phi(x)]`` with a Gaussian prior on the affine coefficients. That
-posterior is computed in closed form, batched over all ranks in torch float64 (one
-``D x D`` Cholesky per rank, ``D = 2 + num_basis``), which takes milliseconds at 4096 ranks,
-where a batched exact GP fit takes minutes. Units are relative: each rank's times are divided
-by its first observed median (its device group's median, when pooled), so one set of
+features ``[1, b / b_ref, pad_T(b), phi(b)]`` with a Gaussian prior on the weights, solved in
+closed form for all ranks at once (:mod:`~lightning_rex.core.model.pooling`; one ``D x D``
+Cholesky per rank and tile, ``D = 3 + num_basis``): milliseconds at 4096 ranks, where a
+batched exact GP fit takes minutes. Units are relative: each rank's times are divided by its
+first observed median (its device group's median, when pooled), so one set of
 hyperparameters serves every rank. Device groups pool partially (see ``groups``).
 
 Hyperparameters. The residual scale ``s^2``, one for all ranks, is fitted with BoTorch
-(:mod:`lightning_rex.core.model.fit`). The controller refits only when it needs a proposal. The
-posterior is exposed as a BoTorch model (:meth:`RankTimeModel.posterior_model`), which the
-planner reads.
+(:mod:`lightning_rex.core.model.fit`). The controller refits only when it needs a proposal.
+The posterior is exposed as a BoTorch model (:meth:`RankTimeModel.posterior_model`), which
+the planner reads.
 
 Cold start. With one observation per rank the prior decides the split between overhead and
-rate: ``a ~ N(0, 0.3^2)`` (relative), so the first proposal is close to the proportional plan;
-the second plan's observations identify the affine part. Old observations are down-weighted
-(their noise variance grows by ``exp(age / memory)``) so that drift and events are tracked.
+rate: ``a ~ N(0, 0.3^2)`` (relative), so the first proposal is close to the proportional
+plan; the second plan's observations identify the affine part. Old observations are
+down-weighted (their noise variance grows by ``exp(age / memory)``) so that drift and events
+are tracked.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_rex.core.model.saved_state import check_model_state
+from lightning_rex.core.model.pooling import pooled_posterior
+from lightning_rex.core.model.saved_state import SavedModelState
+from lightning_rex.core.model.tiles import (
+    HYPOTHESES,
+    PADS,
+    hypothesis_weights,
+    pad_prior,
+    pads,
+)
 
 if TYPE_CHECKING:  # torch and BoTorch load when a model is built, not on import
     import torch
@@ -56,18 +66,7 @@ _REACH = 16.0
 """The spline domain spans sizes from ``b_ref / _REACH`` to ``b_ref * _REACH``."""
 
 
-def _solve(
-    prior_prec: torch.Tensor, prior_rhs: torch.Tensor, gram: torch.Tensor, data: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gaussian posterior of linear weights: precision ``prior_prec + gram``, batched."""
-    import torch
-
-    chol = torch.linalg.cholesky(prior_prec + gram)
-    mu = torch.cholesky_solve((prior_rhs + data).unsqueeze(-1), chol).squeeze(-1)
-    return mu, torch.cholesky_inverse(chol)
-
-
-class RankTimeModel:
+class RankTimeModel(SavedModelState):
     """Batched per-rank time model over one set of ranks.
 
     Args:
@@ -107,6 +106,8 @@ class RankTimeModel:
         seed: int = 0,
         groups: Sequence[str | None] | None = None,
     ) -> None:
+        # BoTorch and GPyTorch load when a model is built, not inside its first decision
+        from lightning_rex.core.model import posterior  # noqa: F401
         from lightning_rex.core.model.kernels import SplineKernel
 
         if world_size < 1:
@@ -135,7 +136,10 @@ class RankTimeModel:
         self.rel_var: list[float] = []
         self.n_added = 0
         self.cutoff = np.zeros(self.world_size, dtype=np.int64)
+        self._weights = np.zeros((self.world_size, len(HYPOTHESES)))
+        self._weights[:, 0] = 1.0
         self._post: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._tile_posts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         if groups is not None and len(groups) != self.world_size:
             raise ValueError(f"groups must have {self.world_size} labels, got {len(groups)}")
         # group[r]: the index of the rank whose curve rank r shares (itself when alone)
@@ -202,12 +206,36 @@ class RankTimeModel:
         self.group[list(ranks)] = list(ranks)
         self._post = None
 
-    def _features(self, b: torch.Tensor) -> torch.Tensor:
+    def _features(self, b: torch.Tensor, hypothesis: Any = None) -> torch.Tensor:
+        """``[1, u, pad_T(b), pad_W(b), phi(b)]`` with ``u = b / b_ref``.
+
+        The paddings of a ``(tile, wave)`` hypothesis
+        (:func:`~lightning_rex.core.model.tiles.pads`): one pair, one per rank (``(N, 2)``,
+        aligned with ``b``'s first dimension), or None (zeros).
+        """
         import torch
 
         u = b / self.b_ref
         phi = self.kernel.features(b.unsqueeze(-1))
-        return torch.cat([torch.ones_like(u).unsqueeze(-1), u.unsqueeze(-1), phi], dim=-1)
+        padding = pads(b, hypothesis, self.b_ref)
+        return torch.cat([torch.ones_like(u).unsqueeze(-1), u.unsqueeze(-1), padding, phi], dim=-1)
+
+    @property
+    def tile_weights(self) -> np.ndarray:
+        """Each rank's posterior probability of every tile hypothesis, ``(N, H)``.
+
+        In the order of :data:`~lightning_rex.core.model.tiles.HYPOTHESES`
+        (:func:`~lightning_rex.core.model.tiles.hypothesis_weights`); all on no tile before
+        the first window.
+        """
+        if self.scale is not None:
+            self._posterior()
+        return self._weights
+
+    @property
+    def tile(self) -> np.ndarray:
+        """Each rank's most probable ``(tile, wave)``, ``(N, 2)`` (1: none of that kind)."""
+        return np.asarray(HYPOTHESES, dtype=np.int64)[self.tile_weights.argmax(axis=1)]
 
     def _prior(self) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
@@ -215,15 +243,22 @@ class RankTimeModel:
         assert self.first_u is not None
         n, m = self.world_size, self.kernel.num_basis
         c0 = torch.as_tensor(1.0 / self.first_u, dtype=torch.float64)
-        mean = torch.zeros(n, 2 + m, dtype=torch.float64)
+        mean = torch.zeros(n, PADS.stop + m, dtype=torch.float64)
         mean[:, 1] = c0
-        var = torch.empty(n, 2 + m, dtype=torch.float64)
+        var = torch.empty(n, PADS.stop + m, dtype=torch.float64)
         var[:, 0] = self.overhead_prior_sd**2
         var[:, 1] = (self.slope_prior_sd * c0) ** 2
-        var[:, 2:] = self.outputscale
+        # the paddings' costs: about the slope when a tile (a wave) is real
+        var[:, PADS] = (c0**2).unsqueeze(-1)
+        var[:, PADS.stop :] = self.outputscale
         return mean, var
 
-    def _data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _data(self, decay: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sizes, relative medians and their noise variances, ``(N, W)`` each.
+
+        With ``decay`` older windows count less (their variance grows with age, so that
+        drift is tracked); windows before a rank's change point never count.
+        """
         import torch
 
         assert self.scale is not None
@@ -231,10 +266,15 @@ class RankTimeModel:
         y = torch.as_tensor(np.asarray(self.medians).T / self.scale[:, None])  # (N, W)
         w = len(self.sizes)
         age = torch.arange(w - 1, -1, -1, dtype=torch.float64)
-        v = torch.as_tensor(self.rel_var, dtype=torch.float64) * torch.exp(age / self.memory)
+        # the noise is relative to each median (a window at half the first size's time has
+        # half its noise in these units)
+        v = torch.as_tensor(self.rel_var, dtype=torch.float64)
+        if decay:
+            v = v * torch.exp(age / self.memory)
+        v = v * y.clamp_min(1e-6) ** 2
         index = torch.as_tensor(self.n_added - w + np.arange(w))
         old = index[None, :] < torch.as_tensor(self.cutoff)[:, None]
-        v = v.expand(self.world_size, w) * torch.where(old, 1e8, 1.0)
+        v = v * torch.where(old, 1e8, 1.0)
         return b, y, v
 
     def _posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,70 +284,52 @@ class RankTimeModel:
             if self.scale is None:
                 raise RuntimeError("the model has no observations yet")
             b, y, v = self._data()
-            phi = self._features(b)  # (N, W, D)
             m0, p0 = self._prior()
             prec = 1.0 / v
-            gram = phi.transpose(-1, -2) @ (prec.unsqueeze(-1) * phi)  # (N, D, D)
-            data = (phi * (prec * y).unsqueeze(-1)).sum(-2)  # (N, D)
-            prior_prec = torch.diag_embed(1.0 / p0)
-            mu, cov = _solve(prior_prec, m0 / p0, gram, data)
-            g = torch.as_tensor(self.group)
-            ones = torch.ones(self.world_size, dtype=torch.float64)
-            pooled = (torch.zeros_like(ones).index_add_(0, g, ones)[g] >= _MIN_GROUP).view(-1, 1)
-            if bool(pooled.any()):
-                mu_p, cov_p = self._partial_pool(prior_prec, m0 / p0, gram, data, phi, y, prec, g)
-                mu = torch.where(pooled, mu_p, mu)
-                cov = torch.where(pooled.unsqueeze(-1), cov_p, cov)
+            phi = self._features(b)
+            # a tile belongs to the kernels, not to the rank's current speed: its evidence
+            # keeps every window since the rank's last change point at full weight
+            kept = 1.0 / self._data(decay=False)[2]
+            self._weights = hypothesis_weights(phi, b, y, kept, m0, p0, self.group, self.b_ref)
+            best = self._weights.argmax(axis=1)
+            used = set(np.flatnonzero((self._weights > 0).any(axis=0)).tolist())
+            self._tile_posts = {
+                HYPOTHESES[i]: self._solve_tile(HYPOTHESES[i], phi, b, y, prec, m0, p0)
+                for i in sorted(used)
+            }
+            # the posterior under each rank's most probable hypothesis
+            mu, cov = (x.clone() for x in self._tile_posts[HYPOTHESES[int(best[0])]])
+            for i in set(best.tolist()):
+                rows = torch.as_tensor(best == i)
+                mu[rows], cov[rows] = (x[rows] for x in self._tile_posts[HYPOTHESES[i]])
             self._post = (mu, cov)
         return self._post
 
-    def _partial_pool(
+    def _solve_tile(
         self,
-        prior_prec: torch.Tensor,
-        prior_rhs: torch.Tensor,
-        gram: torch.Tensor,
-        data: torch.Tensor,
+        hypothesis: tuple[int, int],
         phi: torch.Tensor,
+        b: torch.Tensor,
         y: torch.Tensor,
         prec: torch.Tensor,
-        g: torch.Tensor,
+        m0: torch.Tensor,
+        p0: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Partial pooling within device groups: the group's curve times a shrunk per-rank level.
-
-        The group's posterior comes from all its members' windows. Each member's own level
-        relative to it, the precision-weighted mean of ``log(y / group curve)`` over its
-        windows, is shrunk toward 0 by ``tau^2 / (tau^2 + se^2)``, with ``tau^2`` the spread of
-        the members' levels beyond their noise (method of moments). Identical units follow
-        their group (their levels are noise, ``tau^2`` near 0); a unit that is truly faster
-        than its group (unit-to-unit spread) keeps its own level.
-        """
-        import torch
-
-        sum_gram = torch.zeros_like(gram).index_add_(0, g, gram)[g]
-        sum_data = torch.zeros_like(data).index_add_(0, g, data)[g]
-        mu_g, cov_g = _solve(prior_prec, prior_rhs, sum_gram, sum_data)
-        fit = (phi * mu_g.unsqueeze(-2)).sum(-1).clamp_min(1e-12)  # (N, W) group curve
-        lr = torch.log(y.clamp_min(1e-12) / fit)
-        w = prec * y * y  # the precision of log y (relative noise)
-        se2 = 1.0 / w.sum(-1)
-        level = (w * lr).sum(-1) * se2  # (N,)
-        n = torch.zeros_like(level).index_add_(0, g, torch.ones_like(level))[g]
-        mean = torch.zeros_like(level).index_add_(0, g, level)[g] / n
-        var = torch.zeros_like(level).index_add_(0, g, (level - mean) ** 2)[g] / (n - 1)
-        noise = torch.zeros_like(level).index_add_(0, g, se2)[g] / n
-        tau2 = (var - noise).clamp_min(0.0)
-        shrunk = mean + (level - mean) * tau2 / (tau2 + se2)
-        f = torch.exp(shrunk)
-        return mu_g * f.unsqueeze(-1), cov_g * (f * f).view(-1, 1, 1)
+        """Every rank's weight posterior ``(mean, cov)`` under one ``(tile, wave)``."""
+        f = phi.clone()  # (N, W, D), the paddings' columns filled in
+        f[..., PADS] = pads(b, hypothesis, self.b_ref)
+        return pooled_posterior(f, y, prec, pad_prior(m0, hypothesis), p0, self.group, _MIN_GROUP)
 
     # ------------------------------------------------------------- predict
     def posterior_model(self) -> SplineAffineModel:
         """The current posterior as a BoTorch model (see :mod:`lightning_rex.core.model.posterior`).
 
-        A rank whose fitted slope is not positive (a change it has not yet been told about,
-        or too little spread in its sizes) would offer "free" capacity to the planner: it
-        falls back to the proportional model through its latest observation, with no claimed
-        certainty, since compute time never falls as the batch grows.
+        Each rank's posterior under its most probable tile and wave (:attr:`tile`); the
+        planner reads the hypotheses' mixture through :meth:`predict_grid`. A rank whose
+        fitted slope is not positive (a change it has not yet been told about, or too little
+        spread in its sizes) would offer "free" capacity to the planner: it falls back to the
+        proportional model through its latest observation, with no claimed certainty, since
+        compute time never falls as the batch grows.
 
         Returns:
             The :class:`SplineAffineModel`, in seconds.
@@ -315,13 +337,21 @@ class RankTimeModel:
         Raises:
             RuntimeError: Before the first observation.
         """
+        if self.scale is None:
+            raise RuntimeError("the model has no observations yet")
+        return self._as_model(*self._posterior(), self._features_at)
+
+    def _as_model(
+        self,
+        mu: torch.Tensor,
+        cov: torch.Tensor,
+        features: Callable[[torch.Tensor], torch.Tensor],
+    ) -> SplineAffineModel:
+        """A weight posterior as a BoTorch model, with the fallback for non-positive slopes."""
         import torch
 
         from lightning_rex.core.model.posterior import SplineAffineModel
 
-        if self.scale is None:
-            raise RuntimeError("the model has no observations yet")
-        mu, cov = self._posterior()
         root = torch.linalg.cholesky(cov)
         bad = mu[:, 1] <= 0
         if bool(bad.any()):
@@ -335,56 +365,82 @@ class RankTimeModel:
             mu[bad, 1] = last_y * self.b_ref / last_b
             root[bad] = 0.0
         return SplineAffineModel(
-            mu, root, self._features, torch.as_tensor(self.scale, dtype=torch.float64)
+            mu, root, features, torch.as_tensor(self.scale, dtype=torch.float64)
         )
+
+    def _tiled(self, hypothesis: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Features under one ``(tile, wave)`` hypothesis for every rank."""
+
+        def features(b: torch.Tensor) -> torch.Tensor:
+            return self._features(b, hypothesis)
+
+        return features
+
+    def _features_at(self, b: torch.Tensor) -> torch.Tensor:
+        """Features with each rank's most probable tile (``(G,)`` sizes expand to ``(N, G)``)."""
+        tile = self.tile
+        if bool((tile == 1).all()):
+            return self._features(b, (1, 1))
+        if b.dim() == 1:
+            b = b.expand(self.world_size, -1)
+        return self._features(b, tile)
+
+    def mixture(self) -> list[tuple[SplineAffineModel, np.ndarray]]:
+        """The tile hypotheses in use, each as a BoTorch model with every rank's weight on it.
+
+        Returns:
+            ``[(model, weights), ...]``: one per ``(tile, wave)`` hypothesis in some rank's
+            mixture (at most :data:`~lightning_rex.core.model.tiles.MAX_MIXTURE` per rank,
+            each of at least :data:`~lightning_rex.core.model.tiles.MIN_WEIGHT`);
+            ``weights`` has shape ``(N,)``, and a rank's weights sum to 1.
+        """
+        self._posterior()
+        used = sorted(self._tile_posts)
+        w = self.tile_weights[:, [HYPOTHESES.index(t) for t in used]]
+        w = w / w.sum(axis=1, keepdims=True)
+        return [
+            (self._as_model(*self._tile_posts[t], self._tiled(t)), w[:, i])
+            for i, t in enumerate(used)
+        ]
 
     def predict_grid(
         self, sizes: np.ndarray, kappa: float = 0.0, var_points: int = 96
     ) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and optimistic quantile of every rank's time on a size grid.
 
-        Both are read from :meth:`posterior_model`'s ``posterior()``; the quantile is
-        BoTorch's (:func:`~lightning_rex.core.model.posterior.optimistic_quantile`).
+        Both are read from the tiles' BoTorch posteriors and mixed with each rank's tile
+        weights (:mod:`~lightning_rex.core.model.tiles`); the quantile is BoTorch's
+        (:func:`~lightning_rex.core.model.posterior.optimistic_quantile`), mixed the same way.
 
         Args:
-            sizes: Increasing micro-batch sizes, shape ``(G,)``.
+            sizes: The grid, shape ``(G,)``, shared by all ranks.
             kappa: Standard deviations of the quantile below the mean (0: the mean).
             var_points: The quantile's distance from the mean is computed on at most this
-                many grid points and linearly interpolated in between (it is smooth), so
-                that no ``N x G x D`` array is built on a long grid.
+                many grid points and interpolated linearly between them.
 
         Returns:
             ``(mean, quantile)``, both shape ``(N, G)`` in seconds.
         """
-        import torch
+        from lightning_rex.core.model.posterior import grid_quantile
 
-        from lightning_rex.core.model.posterior import optimistic_quantile
-
-        model = self.posterior_model()
-        grid = torch.as_tensor(np.asarray(sizes, dtype=np.float64))
-        mean = model.posterior(grid.unsqueeze(-1)).mean.squeeze(-1).numpy()
-        if kappa <= 0:
-            return mean, mean.copy()
-        g = grid.numel()
-        idx = np.unique(np.linspace(0, g - 1, min(g, var_points)).round().astype(np.int64))
-        post = model.posterior(grid[idx].unsqueeze(-1))
-        gap_c = (post.mean.squeeze(-1) - optimistic_quantile(post, kappa)).numpy()
-        if len(idx) < g:  # linear interpolation between the computed points, all ranks at once
-            pos = np.arange(g)
-            hi = np.clip(np.searchsorted(idx, pos), 1, len(idx) - 1)
-            lo = hi - 1
-            w = (pos - idx[lo]) / (idx[hi] - idx[lo])
-            gap = gap_c[:, lo] * (1.0 - w) + gap_c[:, hi] * w
-        else:
-            gap = gap_c
-        return mean, mean - gap
+        grid = np.asarray(sizes, dtype=np.float64)
+        mean = np.zeros((self.world_size, grid.size))
+        quantile = np.zeros_like(mean)
+        for model, w in self.mixture():
+            m, q = grid_quantile(model, grid, kappa, var_points)
+            mean += w[:, None] * m
+            quantile += w[:, None] * q
+        return mean, quantile
 
     def predict(self, plan: tuple[int, ...]) -> np.ndarray:
         """Posterior mean time of every rank at its size in ``plan``, seconds, shape (N,)."""
         import torch
 
         x = torch.as_tensor(np.asarray(plan, dtype=np.float64)).reshape(-1, 1, 1)
-        return self.posterior_model().posterior(x).mean.reshape(-1).numpy()
+        out = np.zeros(self.world_size)
+        for model, w in self.mixture():
+            out += w * model.posterior(x).mean.reshape(-1).numpy()
+        return out
 
     def summary(self) -> dict[str, list[float]]:
         """Fitted per-rank affine parts: ``overhead_s`` (a_r) and ``rate`` (samples/s).
@@ -414,7 +470,12 @@ class RankTimeModel:
 
         if self.n_obs < 3 or self.scale is None:
             return self.outputscale
+        import torch
+
+        self._posterior()  # the tiles in use
         b, y, v = (a[:, -self.fit_windows :] for a in self._data())
+        t = torch.as_tensor(self.tile[:, 0], dtype=b.dtype).view(-1, 1)
+        b = torch.ceil(b / t) * t  # the sizes as the kernels run them (a full tile's cost)
         # a seeded subset of ranks, drawn afresh at every fit (reproducible from the count)
         rng = np.random.default_rng([self.seed, self.n_fits])
         self.n_fits += 1
@@ -434,46 +495,3 @@ class RankTimeModel:
             self.outputscale = float(min(max(scale, 1e-6), 0.25))
             self._post = None
         return self.outputscale
-
-    # ---------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-able state: observations, scale, hyperparameters and fit count."""
-        return {
-            "outputscale": self.outputscale,
-            "n_fits": self.n_fits,
-            "scale": None if self.scale is None else [float(s) for s in self.scale],
-            "first_u": None if self.first_u is None else [float(s) for s in self.first_u],
-            "sizes": [list(r) for r in self.sizes],
-            "medians": [list(r) for r in self.medians],
-            "rel_var": list(self.rel_var),
-            "n_added": self.n_added,
-            "cutoff": [int(c) for c in self.cutoff],
-            "group": [int(g) for g in self.group],
-        }
-
-    #: Check saved model state against the number of ranks, without loading it: see
-    #: :func:`~lightning_rex.core.model.saved_state.check_model_state`.
-    check_state = staticmethod(check_model_state)
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output.
-
-        Args:
-            d: A dict from :meth:`state_dict`.
-
-        Raises:
-            StateError: Naming the field, when the state does not fit (see
-                :meth:`check_state`).
-        """
-        c = self.check_state(d, self.world_size)
-        self.outputscale = c["outputscale"]
-        self.n_fits = c["n_fits"]
-        self.scale = None if c["scale"] is None else np.asarray(c["scale"], dtype=np.float64)
-        self.first_u = None if c["first_u"] is None else np.asarray(c["first_u"], dtype=np.float64)
-        self.sizes = c["sizes"]
-        self.medians = c["medians"]
-        self.rel_var = c["rel_var"]
-        self.n_added = c["n_added"]
-        self.cutoff = np.asarray(c["cutoff"], dtype=np.int64)
-        self.group = np.asarray(c["group"], dtype=np.int64)
-        self._post = None

@@ -10,13 +10,15 @@ tabulated (:func:`~lightning_rex.core.plans.planner.size_horizon`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from lightning_rex.core.model.time_model import RankTimeModel
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.planner import size_horizon, water_fill
 
-__all__ = ["best_plan_for", "propose_plan"]
+__all__ = ["best_plan_for", "propose_plan", "recent_sizes", "refit_when_due", "with_floors"]
 
 
 def refit_when_due(model: RankTimeModel, fitted_at: int) -> int:
@@ -42,6 +44,26 @@ def refit_when_due(model: RankTimeModel, fitted_at: int) -> int:
     return fitted_at
 
 
+def recent_sizes(sizes: Sequence[Sequence[int]], keep: int) -> list[set[int]]:
+    """Each rank's last ``keep`` distinct sizes, from windows' plans (oldest first).
+
+    Args:
+        sizes: The plans of the windows held, oldest first.
+        keep: How many distinct sizes count as recent.
+
+    Returns:
+        One set per rank.
+    """
+    if not sizes:
+        return []
+    out: list[list[int]] = [[] for _ in sizes[0]]
+    for plan in reversed(sizes):
+        for r, b in enumerate(plan):
+            if len(out[r]) < keep and b not in out[r]:
+                out[r].append(int(b))
+    return [set(x) for x in out]
+
+
 def best_plan_for(
     model: RankTimeModel, lo: np.ndarray, hi: np.ndarray, global_batch: int
 ) -> tuple[Plan, float]:
@@ -65,6 +87,31 @@ def best_plan_for(
     return plan, float(mean[np.arange(len(plan)), np.asarray(plan) - 1].max())
 
 
+def with_floors(
+    curves: np.ndarray, sizes: np.ndarray, floors: Sequence[Sequence[float]] = ()
+) -> np.ndarray:
+    """Curves no faster than measured: a rolled-back plan's times are floors from there up.
+
+    Args:
+        curves: Every rank's predicted time on ``sizes``, shape ``(N, G)``.
+        sizes: The increasing grid of sizes, shape ``(G,)``.
+        floors: ``[rank, size, seconds]``: the rank is predicted no faster than ``seconds``
+            at ``size`` and above (time never falls as the batch grows).
+
+    Returns:
+        The curves, shape ``(N, G)``.
+    """
+    out = np.asarray(curves, dtype=np.float64)
+    if not len(floors):
+        return out
+    fl = np.full(out.shape, -np.inf)
+    for r, b, t in floors:
+        j = int(np.searchsorted(sizes, b))
+        if j < sizes.size:
+            fl[int(r), j] = max(fl[int(r), j], float(t))
+    return np.maximum(out, np.maximum.accumulate(fl, axis=1))
+
+
 def propose_plan(
     model: RankTimeModel,
     plan: Plan,
@@ -75,6 +122,7 @@ def propose_plan(
     kappa: float,
     explore_slack: float,
     in_bounds: bool = True,
+    floors: Sequence[Sequence[float]] = (),
 ) -> tuple[Plan, float, float]:
     """The plan minimising the slowest rank's optimistic quantile, and two predictions.
 
@@ -89,9 +137,11 @@ def propose_plan(
             within this fraction of the best posterior-mean plan's; otherwise the latter.
         in_bounds: Whether ``plan`` respects ``lo`` and ``hi`` (if not, it gives no level to
             bound the tabulated sizes, and the whole range is tabulated).
+        floors: Measured floors from rolled-back plans (:func:`with_floors`).
 
     Returns:
-        ``(new plan, its posterior-mean step time, the plan in force's)``, in seconds.
+        ``(new plan, its posterior-mean step time, the plan in force's)``, in seconds, both
+        with the floors.
     """
     rows = np.arange(len(plan))
     cur = np.asarray(plan)
@@ -100,12 +150,13 @@ def propose_plan(
     # time at a size exceeds that level never gets that size. So the grid grows with the
     # sizes in play, not with B (4096 uncapped ranks stay in memory). (water_fill plans on
     # running maxima; the mean's bounds the optimistic curve's.)
-    mean, _ = model.predict_grid(np.arange(1, int(cur.max()) + 1))
+    grid = np.arange(1, int(cur.max()) + 1)
+    mean = with_floors(model.predict_grid(grid)[0], grid, floors)
     pred_cur = float(mean[rows, cur - 1].max())
     level = float(np.maximum.accumulate(mean, axis=1)[rows, cur - 1].max())
 
     def optimistic(sizes: np.ndarray) -> np.ndarray:
-        return model.predict_grid(sizes, kappa)[1]
+        return with_floors(model.predict_grid(sizes, kappa)[1], sizes, floors)
 
     g = int(np.max(hi))
     if in_bounds:
@@ -113,7 +164,10 @@ def propose_plan(
     top = np.minimum(hi, g)
     # The acquisition is the posterior's optimistic quantile (BoTorch's), and water-filling
     # is its inner optimiser: the plan minimising the slowest rank's quantile.
-    mean, quantile = model.predict_grid(np.arange(1, g + 1), kappa)
+    grid = np.arange(1, g + 1)
+    mean, quantile = model.predict_grid(grid, kappa)
+    mean = with_floors(mean, grid, floors)
+    quantile = with_floors(quantile, grid, floors)
     greedy = water_fill(mean, global_batch, lo, top)
     pred_greedy = float(mean[rows, np.asarray(greedy) - 1].max())
     new = water_fill(quantile, global_batch, lo, top)

@@ -19,10 +19,20 @@ from lightning_rex.core.stats.significance import (
     ImbalanceResult,
     effect_drop_z,
     ending_p_value,
+    holm,
     imbalance_test,
+    variance_inflation,
 )
 
-__all__ = ["COLD_START_LEVEL", "cold_start_ranks", "persistent_ranks", "pointing", "triggered"]
+__all__ = [
+    "COLD_START_LEVEL",
+    "cold_start_flagged",
+    "cold_start_ranks",
+    "kind_test",
+    "persistent_ranks",
+    "pointing",
+    "triggered",
+]
 
 COLD_START_LEVEL = 5.0
 """The family-wise level at cold start, as a multiple of ``alpha``."""
@@ -71,6 +81,85 @@ def cold_start_ranks(sig: ImbalanceResult, alpha: float, min_effect: float) -> l
         sig.effect < 1.0 / thr
     )
     return [int(r) for r in np.flatnonzero(hit)]
+
+
+def cold_start_flagged(
+    times: np.ndarray,
+    sig: ImbalanceResult,
+    labels: np.ndarray | None,
+    alpha: float,
+    min_effect: float,
+    min_inflation: float = 1.0,
+) -> list[int]:
+    """The ranks a cold start acts on: imbalanced ranks, or every rank of an imbalanced kind.
+
+    When two device kinds or more have two ranks or more each, the kinds are tested against
+    each other too (:func:`kind_test`): a kind's many ranks give far more evidence than one
+    rank tested against a rest that holds its own kind, and a first look of a few steps is
+    too short for a rank test to reach the cold start's level on any effect.
+
+    Args:
+        times: The window's times, ``(N, K)``.
+        sig: The window's per-rank test.
+        labels: Each rank's device group (equal labels, one kind), or None.
+        alpha: The family-wise level of a steady window.
+        min_effect: The practical effect threshold.
+        min_inflation: The long-run variance floor from earlier windows.
+
+    Returns:
+        The flagged ranks, sorted.
+    """
+    flagged = set(cold_start_ranks(sig, alpha, min_effect))
+    if labels is not None:
+        kinds, counts = np.unique(labels, return_counts=True)
+        kinds = kinds[counts >= 2]
+        if kinds.size >= 2:
+            series = np.stack([np.median(times[labels == k], axis=0) for k in kinds])
+            hit = kind_test(series, COLD_START_LEVEL * alpha, min_effect, min_inflation)
+            for i in np.flatnonzero(hit):
+                flagged.update(int(r) for r in np.flatnonzero(labels == kinds[i]))
+    return sorted(flagged)
+
+
+def kind_test(
+    series: np.ndarray, level: float, min_effect: float, min_inflation: float = 1.0
+) -> np.ndarray:
+    """Device kinds slower or faster than the others, from their per-step median times.
+
+    Each kind's mean log time over the steps is compared with the median of the other
+    kinds' means by a Student t test whose variance pools every kind's step-to-step
+    spread, inflated for autocorrelation like :func:`~lightning_rex.core.stats.significance.
+    imbalance_test` (the median of the others counts as ``pi / 2`` of a mean of that many
+    kinds). Holm over both directions of every kind, at ``level``, and an effect beyond
+    ``1 + min_effect``. On a few steps a t test keeps the power that a rank test loses to
+    its discreteness and its inflation estimate.
+
+    Args:
+        series: Per-kind per-step median times, ``(G, K)``, ``G >= 2``.
+        level: The family-wise level.
+        min_effect: The practical effect threshold.
+        min_inflation: A floor under the autocorrelation factor.
+
+    Returns:
+        A boolean mask over kinds.
+    """
+    x = np.log(np.asarray(series, dtype=np.float64))
+    g, k = x.shape
+    if k < 2:
+        return np.zeros(g, dtype=bool)
+    m = x.mean(axis=1)
+    others = np.array([np.median(np.delete(m, i)) for i in range(g)])
+    df = g * (k - 1)
+    s2 = float(((x - m[:, None]) ** 2).sum()) / df
+    ranks = stats.rankdata(x - m[:, None]).reshape(g, k)
+    f = max(variance_inflation(ranks), float(min_inflation))
+    se = np.sqrt(max(s2, 1e-300) * f / k * (1.0 + np.pi / (2.0 * (g - 1))))
+    t = (m - others) / se
+    adj = holm(np.concatenate([stats.t.sf(t, df), stats.t.sf(-t, df)]))
+    thr = np.log1p(min_effect)
+    slow = (adj[:g] < level) & (m - others > thr)
+    fast = (adj[g:] < level) & (others - m > thr)
+    return np.asarray(slow | fast)
 
 
 def persistent_ranks(
@@ -147,6 +236,7 @@ def triggered(
     consistency: float,
     ending_alpha: float,
     floors: tuple[float, float],
+    labels: np.ndarray | None = None,
 ) -> tuple[list[int], str]:
     """The ranks whose imbalance calls for a proposal after a steady window, and why.
 
@@ -162,6 +252,7 @@ def triggered(
         ending_alpha: The level of the veto for a straggler ending or starting inside the
             latest window.
         floors: Long-run variance factors from earlier windows.
+        labels: Each rank's device group, or None (a cold start also tests kinds).
 
     Returns:
         ``(flagged ranks, reason)``: no ranks (a hold) with the reason for holding, or the
@@ -175,12 +266,12 @@ def triggered(
     # persistent_ranks flags a rank only if every window, this one included, points at it
     # on its own: when this window points at no rank, skip the pooled tests (same result,
     # and most windows of a balanced run end here cheaply)
-    if not bool(pointing(sig, consistency, min_effect).any()):
-        return [], transient
     if cold:
-        flagged = cold_start_ranks(sig, alpha, min_effect)
+        flagged = cold_start_flagged(recent[-1], sig, labels, alpha, min_effect, floors[0])
         why = f"imbalance at cold start on ranks {flagged[:8]}"
         return flagged, why if flagged else "balanced at cold start"
+    if not bool(pointing(sig, consistency, min_effect).any()):
+        return [], transient
     flagged = persistent_ranks(
         list(recent[-need:]),
         alpha=alpha,

@@ -1,0 +1,73 @@
+"""The price of a new shape, floors from rolled-back plans, and the settings behind them."""
+
+import numpy as np
+import pytest
+
+from lightning_rex.core.decide.controller import Controller
+from lightning_rex.core.decide.controller_state import ControllerState
+from lightning_rex.core.plans.proposal import recent_sizes, with_floors
+from lightning_rex.core.settings import DecisionSettings
+from lightning_rex.core.window import Window
+
+
+def test_recent_sizes_are_each_ranks_last_distinct_sizes():
+    plans = [(8, 8), (9, 8), (10, 8), (9, 7)]
+    assert recent_sizes(plans, 2) == [{9, 10}, {7, 8}]
+    assert recent_sizes(plans, 8) == [{8, 9, 10}, {7, 8}]
+    assert recent_sizes([], 3) == []
+
+
+def test_a_floor_holds_from_its_size_up_and_never_lowers_a_curve():
+    sizes = np.arange(1, 11)
+    curves = np.tile(sizes * 0.01, (2, 1))
+    out = with_floors(curves, sizes, [[0, 4, 0.08], [1, 20, 1.0]])
+    np.testing.assert_allclose(out[0, :3], curves[0, :3])  # below the floor's size
+    np.testing.assert_allclose(out[0, 3:8], 0.08)  # raised to the floor
+    np.testing.assert_allclose(out[0, 8:], curves[0, 8:])  # already above it
+    np.testing.assert_allclose(out[1], curves[1])  # past the grid: no effect
+
+
+def test_the_cost_of_a_new_shape_is_measured_from_a_plans_first_step():
+    st = ControllerState(64, (32, 32))
+    t = np.full((2, 10), 0.05)
+    t[1, 0] += 0.4  # rank 1 changed size and paid for it on the first step
+    st.measure_shape_cost(Window(t, (30, 34), 0, 10), previous=(32, 32))
+    assert st.shape_cost_s == pytest.approx(0.4)
+    t = np.full((2, 10), 0.05)
+    t[1, 0] += 0.2
+    st.measure_shape_cost(Window(t, (30, 34), 10, 20), previous=(32, 32))
+    assert st.shape_cost_s == pytest.approx(0.3)  # a running mean
+
+
+def _near_balanced(c: Controller, rng: np.random.Generator, n: int) -> list[str]:
+    # rank 1 is 25% slower: a plan that fixes it gains about 4 ms of a 42 ms step, 1.2 s
+    # over the 300 steps of ten windows
+    rates = np.array([1000.0, 800.0])
+    kinds = []
+    for i in range(n):
+        base = 0.002 + np.asarray(c.plan) / rates
+        t = base[:, None] * np.exp(rng.normal(0, 0.02, (2, 30)))
+        kinds.append(c.observe(Window(t, c.plan, 30 * i, 30 * i + 30)).kind)
+    return kinds
+
+
+def test_a_small_gain_that_does_not_pay_for_its_shapes_is_held():
+    free = Controller(64, 2, seed=0, shape_change_s=0.0)
+    costly = Controller(64, 2, seed=0, shape_change_s=5.0)
+    assert "propose" in _near_balanced(free, np.random.default_rng(0), 8)
+    assert "propose" not in _near_balanced(costly, np.random.default_rng(0), 8)
+    assert costly.plan == (32, 32)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("shape_change_s", -1.0),
+        ("shape_change_s", "x"),
+        ("payback_windows", 0),
+        ("shape_cache", 1.5),
+    ],
+)
+def test_shape_settings_are_checked(field, value):
+    with pytest.raises(ValueError, match=field):
+        DecisionSettings(**{field: value})
