@@ -34,6 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
         ({"window": 30, "looks": 7}, r"looks=7 cuts window=30 into segments of 4"),
         ({"window": 30, "looks": 0}, r"looks must be an integer >= 1"),
         ({"warmup": -1}, "warmup must be an integer >= 0 steps, got -1"),
+        ({"window": float("nan")}, "window must be an integer"),
+        ({"warmup": float("nan")}, "warmup must be an integer"),
+        ({"seed": "x"}, "seed"),
+        ({"background": "no"}, "background must be True or False"),
+        ({"pool_by_device": "yes"}, "pool_by_device must be True or False"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> None:

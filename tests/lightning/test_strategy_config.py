@@ -44,6 +44,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "cli"
         ({"min_micro_batch_size": 0}, "min_micro_batch_size must be an int >= 1"),
         ({"loss_reduction": "avg"}, r"loss_reduction must be one of \('mean', 'sum'\)"),
         ({"model_averaging_period": 4}, "model_averaging_period is not supported"),
+        ({"micro_batch_sizes": [True, 63]}, "micro_batch_sizes must be a non-empty list"),
+        ({"micro_batch_sizes": ["a", "b"]}, "micro_batch_sizes must be a non-empty list"),
+        ({"min_micro_batch_size": "a"}, "min_micro_batch_size must be an int"),
+        ({"min_micro_batch_size": float("nan")}, "min_micro_batch_size must be an int"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> None:

@@ -160,3 +160,34 @@ def test_a_comparison_reports_each_policy_against_rex(capsys):
     assert rc == 0 and d["rex"]["vs_rex"] == pytest.approx(1.0)
     lo, hi = d["even"]["vs_rex_ci95"]
     assert lo < d["even"]["vs_rex"] < hi < 1.0  # even is slower than rex on a 3x pair
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--seed", "-1"], "seed"),
+        (["--seed", "x"], "seed"),
+        (["--seeds", "a-b"], "seed"),
+        (["--seeds", "5-0"], "A <= B"),
+        (["--seeds", "0-99999999"], "at most"),
+    ],
+)
+def test_bad_seeds_are_one_line_and_exit_2(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(["--scenario", "pair-3x", *argv], capsys)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert needle in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_an_unknown_policy_exits_2_naming_it(capsys):
+    rc, _, err = run_cli(["--scenario", "pair-3x", "--compare", "rex,bogus"], capsys)
+    assert rc == 2 and "'bogus'" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_an_integer_too_long_to_convert_is_a_scenario_error(suffix, tmp_path, capsys):
+    path = tmp_path / f"huge{suffix}"
+    path.write_text('{"global_batch": ' + "9" * 5000 + "}")
+    rc, _, err = run_cli(["--scenario", str(path)], capsys)
+    assert rc == 2 and err.startswith("simulate:") and len(err.strip().splitlines()) == 1

@@ -15,12 +15,12 @@ speedup, and changes nothing.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+from lightning_rex.core.checks import is_integer, is_number
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
 from lightning_rex.core.settings import DecisionSettings, default_looks
@@ -109,8 +109,8 @@ class RexCallback(Callback):
         hang_factor: float = 20.0,
     ) -> None:
         # the loop first: its messages name the window and the looks
-        n_looks = looks if looks is not None else default_looks(window) if _whole(window) else 1
-        self.loop = LoopConfig(window, decision_lag, warmup, bool(background), looks=n_looks)
+        n_looks = looks if looks is not None else default_looks(window) if is_integer(window) else 1
+        self.loop = LoopConfig(window, decision_lag, warmup, background, looks=n_looks)
         self.settings = DecisionSettings(
             alpha=alpha,
             min_effect=min_effect,
@@ -118,14 +118,14 @@ class RexCallback(Callback):
             seed=seed,
             window=window,
             looks=looks,
-            pool_by_device=bool(pool_by_device),
+            pool_by_device=pool_by_device,
             global_batch=global_batch,
         )
-        if not (_number(max_growth) and max_growth > 1.0):
+        if not (is_number(max_growth) and max_growth > 1.0):
             raise ValueError(f"max_growth must be > 1, got {max_growth}")
-        if hang_timeout is not None and not (_number(hang_timeout) and hang_timeout > 0):
+        if hang_timeout is not None and not (is_number(hang_timeout) and hang_timeout > 0):
             raise ValueError(f"hang_timeout must be seconds > 0 or None, got {hang_timeout!r}")
-        if not (_number(hang_factor) and hang_factor >= 1):
+        if not (is_number(hang_factor) and hang_factor >= 1):
             raise ValueError(f"hang_factor must be a number >= 1, got {hang_factor!r}")
         self.max_growth, self.log_dir = float(max_growth), log_dir
         self.hang_timeout = None if hang_timeout is None else float(hang_timeout)
@@ -291,11 +291,3 @@ class RexCallback(Callback):
             state_dict: A dictionary from :meth:`state_dict`.
         """
         self._loaded = dict(state_dict) if state_dict else None
-
-
-def _whole(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

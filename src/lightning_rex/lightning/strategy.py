@@ -19,6 +19,7 @@ from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from lightning_rex.core.checks import is_integer
 from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
@@ -114,7 +115,7 @@ class RexStrategy(WeightedDDP):
                 "micro-batches. Allowed value: None."
             )
         if micro_batch_sizes is not None:
-            bad = [b for b in micro_batch_sizes if int(b) != b]
+            bad = [b for b in micro_batch_sizes if not is_integer(b)]
             if bad or not micro_batch_sizes:
                 raise ValueError(
                     f"micro_batch_sizes must be a non-empty list of integers, got "

@@ -52,8 +52,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--scenario", required=True, help="a preset name or a .json/.yaml file")
     p.add_argument("--policy", default="rex", choices=POLICIES, help="policy for a single run")
     p.add_argument("--compare", default=None, help="comma-separated policies to compare")
-    p.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
-    p.add_argument("--seeds", default=None, help="a seed set 'A-B' (inclusive): aggregates")
+    p.add_argument("--seed", type=_seed, default=0, help="noise seed (default 0)")
+    p.add_argument(
+        "--seeds", type=_seeds, default=None, help="a seed set 'A-B' (inclusive): aggregates"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--cv", type=float, default=None, help="override the noise CV")
     p.add_argument("--ar1", type=float, default=None, help="override the noise AR(1)")
@@ -90,17 +92,42 @@ def _policies(args: argparse.Namespace) -> list[str]:
     names = [n.strip() for n in names if n.strip()]
     bad = [n for n in names if n not in POLICIES]
     if bad:
-        raise SystemExit(f"simulate: unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
+        raise ValueError(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
     if "oracle" not in names:
         names.append("oracle")
     return names
 
 
+_MAX_SEED = 2**32 - 1
+_MAX_SEEDS = 10_000
+
+
+def _seed(text: str) -> int:
+    """A noise seed from the command line: an integer in ``[0, 2**32)``."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a seed is an integer >= 0, got {text!r}") from None
+    if not 0 <= v <= _MAX_SEED:
+        raise argparse.ArgumentTypeError(f"a seed is in [0, {_MAX_SEED}], got {v}")
+    return v
+
+
 def _seeds(spec: str) -> list[int]:
-    if "-" in spec:
-        a, b = spec.split("-", 1)
-        return list(range(int(a), int(b) + 1))
-    return [int(x) for x in spec.split(",")]
+    """A seed set: ``A-B`` (inclusive, ``A <= B``) or ``a,b,c``."""
+    text = spec.strip()
+    if "-" in text[1:]:  # a range (a leading "-" is a negative seed, refused by _seed)
+        i = text.index("-", 1)
+        a, b = _seed(text[:i].strip()), _seed(text[i + 1 :].strip())
+        if b < a:
+            raise argparse.ArgumentTypeError(f"a seed range A-B needs A <= B, got {spec!r}")
+        if b - a + 1 > _MAX_SEEDS:
+            raise argparse.ArgumentTypeError(f"at most {_MAX_SEEDS:,} seeds, got {spec!r}")
+        return list(range(a, b + 1))
+    seeds = [_seed(x.strip()) for x in text.split(",")]
+    if len(seeds) > _MAX_SEEDS:
+        raise argparse.ArgumentTypeError(f"at most {_MAX_SEEDS:,} seeds, got {len(seeds):,}")
+    return seeds
 
 
 def _fmt(v: Any) -> str:
@@ -157,7 +184,11 @@ def main(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
-    names = _policies(args)
+    try:
+        names = _policies(args)
+    except ValueError as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
     # each policy's loop: the scenario's window, the policy's looks, the overrides
     loops: dict[str, LoopConfig] = {}
     try:
@@ -211,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
             ]
             print(_table(res, cols))
         return 0
-    seeds = _seeds(args.seeds)
+    seeds = list(args.seeds)
     per: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for seed in seeds:
         oracle = simulate(scen, OraclePolicy(scen), seed)

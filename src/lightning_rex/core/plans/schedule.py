@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_rex.core.checks import is_integer
 from lightning_rex.core.plans.plan import Plan, validate_plan
 from lightning_rex.core.plans.planner import resolve_bounds
 from lightning_rex.core.saved import StateError, int_list, whole
@@ -47,14 +48,10 @@ class SizeBounds:
     rank_caps: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.min_size, bool) or int(self.min_size) != self.min_size:
+        if not (is_integer(self.min_size) and self.min_size >= 1):
             raise ValueError(f"min_micro_batch_size must be an int >= 1, got {self.min_size!r}")
-        if self.min_size < 1:
-            raise ValueError(f"min_micro_batch_size must be an int >= 1, got {self.min_size!r}")
-        if self.max_size is not None and (
-            isinstance(self.max_size, bool)
-            or int(self.max_size) != self.max_size
-            or self.max_size < self.min_size
+        if self.max_size is not None and not (
+            is_integer(self.max_size) and self.max_size >= self.min_size
         ):
             raise ValueError(
                 f"max_micro_batch_size must be None or an int >= min_micro_batch_size="

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lightning_rex.core.checks import is_integer, is_number
 from lightning_rex.core.saved import StateError, real, whole
 from lightning_rex.core.saved import field as state_field
 from lightning_rex.core.scaling.noise_scale import (
@@ -67,6 +68,12 @@ def _log_time(seconds: float) -> float:
     return math.log(seconds) if seconds > 0 and math.isfinite(seconds) else math.inf
 
 
+MAX_BATCH = 2**24
+"""The largest global batch (no plan or grid is built for more)."""
+MAX_CANDIDATES = 1024
+"""The most batch sizes the acquisition is evaluated on."""
+
+
 @dataclass(frozen=True)
 class GlobalBatchScaling:
     """Opt-in global batch scaling: ``RexCallback(global_batch=GlobalBatchScaling(...))``.
@@ -80,7 +87,8 @@ class GlobalBatchScaling:
         confidence: One-sided confidence that a kept change's goodput gain is real.
         decay: Per-step decay of the noise scale's moving averages.
         min_noise_steps: Steps of noise-scale estimates before the first change.
-        candidates: Batch sizes on the geometric grid the acquisition is evaluated on.
+        candidates: Batch sizes on the geometric grid the acquisition is evaluated on
+            (at most :data:`MAX_CANDIDATES`).
         beta: ``UpperConfidenceBound``'s exploration weight (on log goodput).
         windows_between: Windows at a batch size before another change is considered.
 
@@ -101,26 +109,35 @@ class GlobalBatchScaling:
 
     def __post_init__(self) -> None:
         lo, hi = self.min_global_batch, self.max_global_batch
-        if isinstance(lo, bool) or int(lo) != lo or lo < 1:
-            raise ValueError(f"min_global_batch must be an integer >= 1, got {lo!r}")
-        if isinstance(hi, bool) or int(hi) != hi or hi <= lo:
-            raise ValueError(f"max_global_batch must be an integer > min_global_batch, got {hi!r}")
+        if not (is_integer(lo) and 1 <= lo <= MAX_BATCH):
+            raise ValueError(f"min_global_batch must be an integer in [1, {MAX_BATCH}], got {lo!r}")
+        if not (is_integer(hi) and lo < hi <= MAX_BATCH):
+            raise ValueError(
+                f"max_global_batch must be an integer in (min_global_batch, {MAX_BATCH}],"
+                f" got {hi!r}"
+            )
         if self.lr_rule not in LR_RULES:
             raise ValueError(f"lr_rule must be one of {LR_RULES}, got {self.lr_rule!r}")
-        if not self.min_gain >= 0.0:
-            raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
-        if not 0.5 <= self.confidence < 1.0:
-            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
-        if not 0.0 <= self.decay < 1.0:
-            raise ValueError(f"decay must be in [0, 1), got {self.decay}")
-        if self.min_noise_steps < 0:
-            raise ValueError(f"min_noise_steps must be >= 0, got {self.min_noise_steps}")
-        if self.candidates < 2:
-            raise ValueError(f"candidates must be >= 2, got {self.candidates}")
-        if not self.beta >= 0.0:
-            raise ValueError(f"beta must be >= 0, got {self.beta}")
-        if self.windows_between < 1:
-            raise ValueError(f"windows_between must be >= 1, got {self.windows_between}")
+        if not (is_number(self.min_gain) and self.min_gain >= 0.0):
+            raise ValueError(f"min_gain must be a finite number >= 0, got {self.min_gain!r}")
+        if not (is_number(self.confidence) and 0.5 <= self.confidence < 1.0):
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence!r}")
+        if not (is_number(self.decay) and 0.0 <= self.decay < 1.0):
+            raise ValueError(f"decay must be in [0, 1), got {self.decay!r}")
+        if not (is_integer(self.min_noise_steps) and self.min_noise_steps >= 0):
+            raise ValueError(
+                f"min_noise_steps must be an integer >= 0, got {self.min_noise_steps!r}"
+            )
+        if not (is_integer(self.candidates) and 2 <= self.candidates <= MAX_CANDIDATES):
+            raise ValueError(
+                f"candidates must be an integer in [2, {MAX_CANDIDATES}], got {self.candidates!r}"
+            )
+        if not (is_number(self.beta) and self.beta >= 0.0):
+            raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
+        if not (is_integer(self.windows_between) and self.windows_between >= 1):
+            raise ValueError(
+                f"windows_between must be an integer >= 1, got {self.windows_between!r}"
+            )
 
 
 @dataclass(frozen=True)
