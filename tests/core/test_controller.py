@@ -103,6 +103,19 @@ def test_a_plan_set_outside_the_controller_is_adopted_and_monitoring_goes_on():
     assert ds[0].kind == "propose" and ds[0].plan[0] < manual[0]
 
 
+def test_a_plan_of_another_global_batch_is_adopted_with_its_batch():
+    """The schedule moved B outside the controller (a user's or a test's own change): the
+    controller's B follows, so its state stays consistent and a checkpoint of it loads."""
+    c = Controller(32, 2, seed=0, max_global_batch=96)
+    d = c.observe(window((4, 4), np.random.default_rng(0), 0, rates=RATES[:2]))
+    assert "adopted" in d.reason and c.plan == (4, 4) and c.global_batch == 8
+    state = json.loads(json.dumps(c.state_dict()))
+    Controller.check_state(state, 32, 2)  # the run's first B; the state says 8
+    c2 = Controller(32, 2, seed=0, max_global_batch=96)
+    c2.load_state_dict(state)
+    assert c2.global_batch == 8 and c2.plan == (4, 4)
+
+
 def test_a_manual_plan_during_validation_or_rollback_is_adopted():
     c = Controller(512, 4, seed=0)
     rng = np.random.default_rng(0)

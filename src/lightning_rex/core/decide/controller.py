@@ -319,8 +319,15 @@ class Controller:
 
     # -------------------------------------------------------------- internals
     def _adopt(self, window: Window, decide: Any) -> Decision:
-        """Take a plan set outside the controller as the one in force, and keep monitoring."""
-        self._restart(window.plan)
+        """Take a plan set outside the controller as the one in force, and keep monitoring.
+
+        A plan of another global batch (the schedule moved ``B`` outside the controller)
+        moves the controller's ``B`` with it.
+        """
+        batch = sum(window.plan)
+        if batch != self.global_batch:
+            self._lo, self._hi = self.bounds.arrays(batch, self.world_size)
+        self._restart(window.plan, batch)
         self._s.recent = [window.times.tolist()]
         self._s.before = [window.step_max.tolist()]
         return decide("hold", None, "plan set outside the controller: adopted as the plan in force")
