@@ -395,12 +395,15 @@ def test_a_fresh_fits_first_gather_is_the_first_look_then_segments() -> None:
 
 
 def test_a_checkpoint_inside_the_first_look_resumes_it() -> None:
+    keys = ["fast", "fast", "slow", "slow"]
+
     def fit(stop: int, state: Any = None, start: int = 0) -> tuple[WindowDriver, ScheduleTarget]:
-        d, t = make(LocalCollectives(2), decider=_looks, window=30, looks=3, first_look=5)
+        target = ScheduleTarget(PlanSchedule((16, 16, 16, 16), 64))
+        d, t = make(LocalCollectives(4), target, _looks, window=30, looks=3, first_look=5)
         if state is not None:
             t.plan_schedule.load_state_dict(state[1])
-        d.start(start, ["cpu", "cpu"], None if state is None else state[0])
-        drive(d, t, range(start, stop), [0, 1])
+        d.start(start, keys, None if state is None else state[0])
+        drive(d, t, range(start, stop), [0, 1, 2, 3], _kinds)
         return d, t
 
     full, _ = fit(60)
@@ -414,3 +417,11 @@ def test_a_checkpoint_inside_the_first_look_resumes_it() -> None:
     del old[0]["first_look"]
     legacy, _ = fit(60, old, 12)
     assert legacy.records[0]["window"] == [10, 20]
+
+
+def test_one_device_kind_has_no_first_look() -> None:
+    # ranks of one kind: a 5-step look could only test single ranks, which it cannot do
+    driver, target = make(LocalCollectives(2), decider=_looks, window=30, looks=3, first_look=5)
+    driver.start(0, ["cpu", "cpu"])
+    drive(driver, target, range(40), [0, 1])
+    assert driver.records[0]["window"] == [10, 20]

@@ -106,7 +106,7 @@ class WindowDriver:
         self.failed = False
         self._failures = Failures()
         self._skip_until, self._exchange_at = 0, None  # type: tuple[int, int | None]
-        self._first_look = False  # the next gather is a fresh fit's first (config.look)
+        self._first_look = False  # the next gather is a fresh fit's first look
         self._samples: list[Any] = []
         self._steps: list[int] = []
         self._window_plan: Plan | None = None
@@ -229,7 +229,8 @@ class WindowDriver:
             self._resumed_window = bool(self._steps)  # its wall time began in another run
         else:
             self._skip_until = max(self._skip_until, step + self.config.warmup)
-            self._first_look = True
+            kinds = np.unique(self.device_keys, return_counts=True)[1]  # a first look tests kinds
+            self._first_look = int((kinds >= 2).sum()) >= 2
         if self.is_rank_zero:
             with self.guard("building the decider"):
                 self.decider = self._make_decider(plan, bounds)

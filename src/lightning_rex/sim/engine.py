@@ -174,6 +174,7 @@ def run_loop(
     comm: float = 0.0,
     initial_plan: Plan | None = None,
     on_step: StepHook | None = None,
+    devices: Sequence[str | None] | None = None,
 ) -> LoopRun:
     """Drive the window loop through ``steps`` steps on per-rank times from a function.
 
@@ -194,6 +195,7 @@ def run_loop(
         on_step: Called after every step with ``(step, times, plan)``; a plan it returns
             applies from the next step, with no lag (a per-step rule that runs between
             steps on every rank, such as LBB's).
+        devices: Each rank's device label (training's device keys), or None (one kind).
 
     Returns:
         The run.
@@ -211,7 +213,8 @@ def run_loop(
         lambda plan, bounds: timed,
         clock=lambda: clock[0],
     )
-    driver.start(0, ["sim"] * world_size)
+    labels = [None] * world_size if devices is None else list(devices)
+    driver.start(0, ["sim" if d is None else f"sim:{d}" for d in labels])
     out = np.empty(steps)
     plan_arr, plan = np.asarray(schedule.plan_at(0)), schedule.plan_at(0)
     for step in range(steps):
@@ -317,6 +320,7 @@ def simulate(
         comm=s.comm,
         initial_plan=first,
         on_step=policy.observe_step,
+        devices=s.devices,
     )
     changes = [(st, p, prev) for (_, prev), (st, p) in itertools.pairwise(res.schedule)]
     return Trace(

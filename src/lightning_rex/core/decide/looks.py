@@ -54,6 +54,8 @@ EARLY_LEVEL = 0.1
 """An early look's significance level, as a fraction of a whole window's."""
 _EARLY_EFFECT = 2.0
 """An early look's practical effect, as a multiple of ``min_effect``."""
+MIN_RANK_STEPS = 10
+"""A cold start's look tests single ranks only with at least this many steps."""
 _EARLY_SHARE = 0.2
 """The share of validation's error budget spent on its early looks."""
 
@@ -162,19 +164,21 @@ def early_imbalance(
         floors: Long-run variance factors from earlier windows, for one window and for the
             windows pooled.
         cold: Cold start (the controller's first window): the ranks
-            :func:`~lightning_rex.core.stats.persistence.cold_start_flagged` flags, at the
-            cold start's own level (the initial plan is a guess, and what it proposes must
-            still be predicted faster and be validated).
+            :func:`~lightning_rex.core.stats.persistence.cold_start_flagged` flags (ranks,
+            and device kinds against each other), at an early look's levels.
         labels: Each rank's device group, or None (a cold start also tests kinds).
 
     Returns:
         The flagged ranks, sorted (empty when the evidence is not yet conclusive).
     """
-    if cold:
-        sig = imbalance_test(wins[-1], alpha=alpha, min_effect=min_effect, min_inflation=floors[0])
-        return cold_start_flagged(wins[-1], sig, labels, alpha, min_effect, floors[0])
     a, c = alpha * EARLY_LEVEL, consistency * EARLY_LEVEL
     effect = _EARLY_EFFECT * min_effect
+    if cold:  # the cold start's tests, at an early look's levels
+        sig = imbalance_test(wins[-1], alpha=a, min_effect=effect, min_inflation=floors[0])
+        # a fresh fit's first look (5 steps) is too short for a rank test under autocorrelated
+        # noise: there only device kinds, many ranks each, are tested against each other
+        ranks = wins[-1].shape[1] >= MIN_RANK_STEPS
+        return cold_start_flagged(wins[-1], sig, labels, a, effect, floors[0], ranks)
     # cheap first: the partial window must point at a rank on its own
     sig = imbalance_test(wins[-1], alpha=a, min_effect=effect, min_inflation=floors[0])
     points = pointing(sig, c, effect)

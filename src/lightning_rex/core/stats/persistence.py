@@ -90,6 +90,7 @@ def cold_start_flagged(
     alpha: float,
     min_effect: float,
     min_inflation: float = 1.0,
+    rank_test: bool = True,
 ) -> list[int]:
     """The ranks a cold start acts on: imbalanced ranks, or every rank of an imbalanced kind.
 
@@ -105,11 +106,13 @@ def cold_start_flagged(
         alpha: The family-wise level of a steady window.
         min_effect: The practical effect threshold.
         min_inflation: The long-run variance floor from earlier windows.
+        rank_test: Whether single ranks count (False: only kinds, for a look too short for
+            the rank test's autocorrelation estimate).
 
     Returns:
         The flagged ranks, sorted.
     """
-    flagged = set(cold_start_ranks(sig, alpha, min_effect))
+    flagged = set(cold_start_ranks(sig, alpha, min_effect)) if rank_test else set()
     if labels is not None:
         kinds, counts = np.unique(labels, return_counts=True)
         kinds = kinds[counts >= 2]
