@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # torch and BoTorch load when a model is built, not on import
 
 __all__ = ["RankTimeModel"]
 
+
 _MIN_GROUP = 4
 """Groups smaller than this are not pooled (a member's own windows weigh on its prior)."""
 _REACH = 16.0
@@ -346,27 +347,28 @@ class RankTimeModel(SavedModelState):
         mu: torch.Tensor,
         cov: torch.Tensor,
         features: Callable[[torch.Tensor], torch.Tensor],
+        rows: np.ndarray | None = None,
     ) -> SplineAffineModel:
-        """A weight posterior as a BoTorch model, with the fallback for non-positive slopes."""
+        """A weight posterior as a BoTorch model, with the fallback for non-positive slopes.
+
+        With ``rows``, a model of those ranks only (``mu`` and ``cov`` are theirs).
+        """
         import torch
 
         from lightning_rex.core.model.posterior import SplineAffineModel
 
+        ix = np.arange(self.world_size) if rows is None else np.flatnonzero(rows)
+        scale = torch.as_tensor(np.asarray(self.scale)[ix], dtype=torch.float64)
         root = torch.linalg.cholesky(cov)
         bad = mu[:, 1] <= 0
         if bool(bad.any()):
             mu, root = mu.clone(), root.clone()
-            last_b = torch.as_tensor(self.sizes[-1], dtype=torch.float64)[bad]
-            last_y = (
-                torch.as_tensor(self.medians[-1], dtype=torch.float64)[bad]
-                / torch.as_tensor(self.scale, dtype=torch.float64)[bad]
-            )
+            last_b = torch.as_tensor(np.asarray(self.sizes[-1])[ix], dtype=torch.float64)[bad]
+            last_y = torch.as_tensor(np.asarray(self.medians[-1])[ix], dtype=torch.float64)[bad]
             mu[bad] = 0.0
-            mu[bad, 1] = last_y * self.b_ref / last_b
+            mu[bad, 1] = last_y / scale[bad] * self.b_ref / last_b
             root[bad] = 0.0
-        return SplineAffineModel(
-            mu, root, features, torch.as_tensor(self.scale, dtype=torch.float64)
-        )
+        return SplineAffineModel(mu, root, features, scale)
 
     def _tiled(self, hypothesis: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
         """Features under one ``(tile, wave)`` hypothesis for every rank."""
@@ -426,20 +428,39 @@ class RankTimeModel(SavedModelState):
         grid = np.asarray(sizes, dtype=np.float64)
         mean = np.zeros((self.world_size, grid.size))
         quantile = np.zeros_like(mean)
-        for model, w in self.mixture():
+        for model, w, rows in self._mixture_rows():
             m, q = grid_quantile(model, grid, kappa, var_points)
-            mean += w[:, None] * m
-            quantile += w[:, None] * q
+            mean[rows] += w[:, None] * m
+            quantile[rows] += w[:, None] * q
         return mean, quantile
 
     def predict(self, plan: tuple[int, ...]) -> np.ndarray:
         """Posterior mean time of every rank at its size in ``plan``, seconds, shape (N,)."""
         import torch
 
-        x = torch.as_tensor(np.asarray(plan, dtype=np.float64)).reshape(-1, 1, 1)
+        x = np.asarray(plan, dtype=np.float64)
         out = np.zeros(self.world_size)
-        for model, w in self.mixture():
-            out += w * model.posterior(x).mean.reshape(-1).numpy()
+        for model, w, rows in self._mixture_rows():
+            at = torch.as_tensor(x[rows]).reshape(-1, 1, 1)
+            out[rows] += w * model.posterior(at).mean.reshape(-1).numpy()
+        return out
+
+    def _mixture_rows(self) -> list[tuple[SplineAffineModel, np.ndarray, np.ndarray]]:
+        """:meth:`mixture`, each hypothesis's model built for the ranks that weigh it only.
+
+        Returns:
+            ``[(model, weights, rows), ...]``: ``rows`` a boolean mask over ranks, the
+            model and ``weights`` (shape ``(rows.sum(),)``) for those ranks.
+        """
+        import torch
+
+        self._posterior()
+        out = []
+        for t in sorted(self._tile_posts):
+            w = self.tile_weights[:, HYPOTHESES.index(t)]
+            rows = w > 0
+            mu, cov = (x[torch.as_tensor(rows)] for x in self._tile_posts[t])
+            out.append((self._as_model(mu, cov, self._tiled(t), rows), w[rows], rows))
         return out
 
     def summary(self) -> dict[str, list[float]]:
