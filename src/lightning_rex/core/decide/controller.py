@@ -34,6 +34,7 @@ from lightning_rex.core.decide.controller_state import (
     check_controller_state,
 )
 from lightning_rex.core.decide.looks import Looks
+from lightning_rex.core.decide.pricing import rollback_floors, unpaid_shapes
 from lightning_rex.core.decide.validating import measure_trial
 from lightning_rex.core.decision import Decision, DecisionKind
 from lightning_rex.core.model.time_model import RankTimeModel
@@ -42,7 +43,6 @@ from lightning_rex.core.plans.planner import exploration_kappa, resolve_bounds
 from lightning_rex.core.plans.proposal import (
     best_plan_for,
     propose_plan,
-    recent_sizes,
     refit_when_due,
 )
 from lightning_rex.core.plans.schedule import SizeBounds
@@ -372,7 +372,7 @@ class Controller:
             if not force and (plan == st.plan or pred_new > pred_cur * (1.0 - gain)):
                 st.changed = False
                 return decide("hold", None, f"{reason}; no plan predicted {gain:.0%} faster")
-            unpaid = self._unpaid(plan, pred_cur - pred_new)
+            unpaid = unpaid_shapes(self.settings, self._s, self.model, plan, pred_cur - pred_new)
             if not force and unpaid:
                 st.changed = False
                 return decide("hold", None, f"{reason}; {unpaid}")
@@ -381,52 +381,6 @@ class Controller:
         base = st.baseline_for(window.step_max.tolist(), trigger, self.settings.margin)
         st.propose(plan, pred_new, base)
         return decide("propose", plan, reason, pred_new)
-
-    def _unpaid(self, plan: Plan, gain_s: float) -> str:
-        """Why a plan's gain does not pay for the new sizes it brings ("" when it does).
-
-        A size a rank has not run recently costs a step its one-off price (known, or
-        measured at every change); the predicted gain per step over ``payback_windows``
-        windows must pay it twice (the validation window at risk, the chance of a rollback).
-        """
-        s = self.settings
-        cost = s.shape_change_s if s.shape_change_s is not None else self._s.shape_cost_s
-        if cost <= 0:
-            return ""
-        recent = recent_sizes(self.model.sizes, s.shape_cache)
-        new = [r for r, b in enumerate(plan) if b not in recent[r]]
-        horizon = s.payback_windows * s.window
-        if not new or gain_s * horizon >= 2.0 * cost:
-            return ""
-        return (
-            f"its gain ({1e3 * gain_s:.2f} ms per step over {horizon} steps) does not pay twice"
-            f" for {len(new)} new size(s) at {cost:.3g} s"
-        )
-
-    def _floors_from(self, window: Window, back: Plan) -> list[list[float]]:
-        """What a rejected plan measured, as floors: no rank is predicted faster there.
-
-        A rank whose time grew by more than its size (beyond noise) met a jump, which lies
-        somewhere between its size before the trial and its size in it: its floor holds from
-        just above the former, so that a size a few samples smaller is not the next proposal.
-        A rank's floor also holds for the members of its device group that ran the same size
-        before the trial (the same kernels jump at the same sizes), scaled by their level
-        relative to it there, so that one rollback teaches the whole kind.
-        """
-        sd = math.sqrt(float(self.model.rel_var[-1]))
-        level = np.asarray(self._s.reference or window.medians, dtype=np.float64)
-        group = self.model.group
-        out = []
-        for r, (b, m) in enumerate(zip(window.plan, window.medians)):
-            if b == back[r]:
-                continue  # nothing new was measured on this rank
-            jumped = b > back[r] and m / level[r] > b / back[r] * (1 + 2 * sd)
-            start = back[r] + 1 if jumped else b
-            kin = np.flatnonzero((group == group[r]) & (np.asarray(back) == back[r]))
-            out += [
-                [int(q), int(start), float(m * level[q] / level[r]) * (1 - 2 * sd)] for q in kin
-            ]
-        return out
 
     def try_plan(self, plan: Sequence[int]) -> None:
         """Apply a plan chosen outside the controller, validated like its own proposals.
@@ -470,7 +424,7 @@ class Controller:
         if j.outcome == "rollback":
             back = st.previous
             assert back is not None
-            st.floors = (st.floors + self._floors_from(window, back))[-_MAX_FLOORS:]
+            st.floors = (st.floors + rollback_floors(self.model, st, window, back))[-_MAX_FLOORS:]
             return decide("rollback", st.roll_back(), j.reason, predicted)
         st.accept(window.medians.tolist(), st.trial, window.times.tolist())
         if sig.imbalanced and j.ratio < 1.0:
