@@ -55,20 +55,21 @@ def test_a_rank_asleep_in_its_training_step_ends_every_rank(stuck: int, tmp_path
 
 
 def test_a_run_with_slow_steps_is_not_taken_for_a_hang(tmp_path: Path) -> None:
-    # a 1 s floor, steps of 50-100 ms on both ranks and a validation in between: no hang
+    # a 3 s floor, steps of 50-100 ms on both ranks and validations of 4 s in between: no
+    # hang (a 1 s floor was within a loaded 2-core machine's stalls: it failed once in CI)
     class Slow(RegModel):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             time.sleep(0.05 * (1 + self.global_rank))
             return super().training_step(batch, batch_idx)
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
-            time.sleep(0.5)
+            time.sleep(1.0)
 
     def fit(rank: int) -> int:
         t = quiet_trainer(
             strategy=RexStrategy(),
             max_steps=30,
-            callbacks=[RexCallback(hang_timeout=1.0, hang_factor=5.0)],
+            callbacks=[RexCallback(hang_timeout=3.0, hang_factor=5.0)],
             default_root_dir=str(tmp_path),
             val_check_interval=15,
             limit_val_batches=4,
