@@ -13,7 +13,8 @@ proportional, in ``b`` (``a_r = 0`` is the proportional model of LBB and BOA); t
 residual captures the knee of an under-filled GPU and the memory wall. ``pad_T(b)`` is the
 padding of ``b`` up to a multiple of a tile ``T``: a staircase no smooth spline resolves.
 Which tile a rank has is inferred (:mod:`~lightning_rex.core.model.tiles`), and predictions
-average the tile hypotheses by their posterior probability.
+average the tile hypotheses by their posterior probability
+(:mod:`~lightning_rex.core.model.mixture`).
 
 Scale. The spline kernel has finite rank, so the GP is Bayesian linear regression on the
 features ``[1, b / b_ref, pad_T(b), phi(b)]`` with a Gaussian prior on the weights, solved in
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lightning_rex.core.model.mixture import TileMixture
 from lightning_rex.core.model.pooling import pooled_posterior
 from lightning_rex.core.model.saved_state import SavedModelState
 from lightning_rex.core.model.tiles import (
@@ -67,7 +69,7 @@ _REACH = 16.0
 """The spline domain spans sizes from ``b_ref / _REACH`` to ``b_ref * _REACH``."""
 
 
-class RankTimeModel(SavedModelState):
+class RankTimeModel(TileMixture, SavedModelState):
     """Batched per-rank time model over one set of ranks.
 
     Args:
@@ -221,23 +223,6 @@ class RankTimeModel(SavedModelState):
         padding = pads(b, hypothesis, self.b_ref)
         return torch.cat([torch.ones_like(u).unsqueeze(-1), u.unsqueeze(-1), padding, phi], dim=-1)
 
-    @property
-    def tile_weights(self) -> np.ndarray:
-        """Each rank's posterior probability of every tile hypothesis, ``(N, H)``.
-
-        In the order of :data:`~lightning_rex.core.model.tiles.HYPOTHESES`
-        (:func:`~lightning_rex.core.model.tiles.hypothesis_weights`); all on no tile before
-        the first window.
-        """
-        if self.scale is not None:
-            self._posterior()
-        return self._weights
-
-    @property
-    def tile(self) -> np.ndarray:
-        """Each rank's most probable ``(tile, wave)``, ``(N, 2)`` (1: none of that kind)."""
-        return np.asarray(HYPOTHESES, dtype=np.int64)[self.tile_weights.argmax(axis=1)]
-
     def _prior(self) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
@@ -369,99 +354,6 @@ class RankTimeModel(SavedModelState):
             mu[bad, 1] = last_y / scale[bad] * self.b_ref / last_b
             root[bad] = 0.0
         return SplineAffineModel(mu, root, features, scale)
-
-    def _tiled(self, hypothesis: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Features under one ``(tile, wave)`` hypothesis for every rank."""
-
-        def features(b: torch.Tensor) -> torch.Tensor:
-            return self._features(b, hypothesis)
-
-        return features
-
-    def _features_at(self, b: torch.Tensor) -> torch.Tensor:
-        """Features with each rank's most probable tile (``(G,)`` sizes expand to ``(N, G)``)."""
-        tile = self.tile
-        if bool((tile == 1).all()):
-            return self._features(b, (1, 1))
-        if b.dim() == 1:
-            b = b.expand(self.world_size, -1)
-        return self._features(b, tile)
-
-    def mixture(self) -> list[tuple[SplineAffineModel, np.ndarray]]:
-        """The tile hypotheses in use, each as a BoTorch model with every rank's weight on it.
-
-        Returns:
-            ``[(model, weights), ...]``: one per ``(tile, wave)`` hypothesis in some rank's
-            mixture (at most :data:`~lightning_rex.core.model.tiles.MAX_MIXTURE` per rank,
-            each of at least :data:`~lightning_rex.core.model.tiles.MIN_WEIGHT`);
-            ``weights`` has shape ``(N,)``, and a rank's weights sum to 1.
-        """
-        self._posterior()
-        used = sorted(self._tile_posts)
-        w = self.tile_weights[:, [HYPOTHESES.index(t) for t in used]]
-        w = w / w.sum(axis=1, keepdims=True)
-        return [
-            (self._as_model(*self._tile_posts[t], self._tiled(t)), w[:, i])
-            for i, t in enumerate(used)
-        ]
-
-    def predict_grid(
-        self, sizes: np.ndarray, kappa: float = 0.0, var_points: int = 96
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and optimistic quantile of every rank's time on a size grid.
-
-        Both are read from the tiles' BoTorch posteriors and mixed with each rank's tile
-        weights (:mod:`~lightning_rex.core.model.tiles`); the quantile is BoTorch's
-        (:func:`~lightning_rex.core.model.posterior.optimistic_quantile`), mixed the same way.
-
-        Args:
-            sizes: The grid, shape ``(G,)``, shared by all ranks.
-            kappa: Standard deviations of the quantile below the mean (0: the mean).
-            var_points: The quantile's distance from the mean is computed on at most this
-                many grid points and interpolated linearly between them.
-
-        Returns:
-            ``(mean, quantile)``, both shape ``(N, G)`` in seconds.
-        """
-        from lightning_rex.core.model.posterior import grid_quantile
-
-        grid = np.asarray(sizes, dtype=np.float64)
-        mean = np.zeros((self.world_size, grid.size))
-        quantile = np.zeros_like(mean)
-        for model, w, rows in self._mixture_rows():
-            m, q = grid_quantile(model, grid, kappa, var_points)
-            mean[rows] += w[:, None] * m
-            quantile[rows] += w[:, None] * q
-        return mean, quantile
-
-    def predict(self, plan: tuple[int, ...]) -> np.ndarray:
-        """Posterior mean time of every rank at its size in ``plan``, seconds, shape (N,)."""
-        import torch
-
-        x = np.asarray(plan, dtype=np.float64)
-        out = np.zeros(self.world_size)
-        for model, w, rows in self._mixture_rows():
-            at = torch.as_tensor(x[rows]).reshape(-1, 1, 1)
-            out[rows] += w * model.posterior(at).mean.reshape(-1).numpy()
-        return out
-
-    def _mixture_rows(self) -> list[tuple[SplineAffineModel, np.ndarray, np.ndarray]]:
-        """:meth:`mixture`, each hypothesis's model built for the ranks that weigh it only.
-
-        Returns:
-            ``[(model, weights, rows), ...]``: ``rows`` a boolean mask over ranks, the
-            model and ``weights`` (shape ``(rows.sum(),)``) for those ranks.
-        """
-        import torch
-
-        self._posterior()
-        out = []
-        for t in sorted(self._tile_posts):
-            w = self.tile_weights[:, HYPOTHESES.index(t)]
-            rows = w > 0
-            mu, cov = (x[torch.as_tensor(rows)] for x in self._tile_posts[t])
-            out.append((self._as_model(mu, cov, self._tiled(t), rows), w[rows], rows))
-        return out
 
     def summary(self) -> dict[str, list[float]]:
         """Fitted per-rank affine parts: ``overhead_s`` (a_r) and ``rate`` (samples/s).
