@@ -129,3 +129,44 @@ def test_the_run_must_fit_the_range():
         BatchScaler(GlobalBatchScaling(128, 1024), 64, N)
     with pytest.raises(ValueError, match="world size"):
         BatchScaler(GlobalBatchScaling(2, 1024), 64, N)
+
+
+def test_a_batch_tried_once_stays_known():
+    # 64 windows of evidence are kept: past them, the batch with the most windows gives
+    # one up, not the batch measured once (which a proposal would otherwise try again)
+    sc = BatchScaler(GlobalBatchScaling(16, 4096), B0, N)
+    sc.record(512, np.full(30, 0.2), 0.1)
+    for _ in range(100):
+        sc.record(B0, np.full(30, 0.04) * np.exp(np.linspace(-0.01, 0.01, 30)), 0.04)
+    batches = [o[0] for o in sc.state_dict()["obs"]]
+    assert len(batches) == 64 and batches.count(512) == 1
+
+
+def test_a_large_gain_is_taken_before_min_noise_steps_when_the_evidence_shows_it():
+    # 60 ms of fixed cost per step and a huge noise scale: a larger batch pays several
+    # times over. From 10 steps the change is proposed when it pays even at the noise
+    # scale's pessimistic bound; with noise estimates that say little, it waits
+    def fixed_cost(batch):
+        return 0.06 + batch / RATE
+
+    def sc_after(steps, noisy):
+        sc = BatchScaler(GlobalBatchScaling(16, 4096, windows_between=1), B0, N)
+        rng = np.random.default_rng(0)
+        b = np.full(N, B0 // N, dtype=np.float64)
+        for _ in range(steps):
+            scale = 1000.0 if noisy else 1.0  # the |G|^2 estimates' spread
+            g_r = 1.0 + rng.standard_normal((N, 400)) * np.sqrt(1e4 / b)[:, None]
+            w = b / b.sum()
+            g = w @ g_r
+            a, gg = float(w @ (g_r**2).sum(axis=1) / 400), float(g @ g / 400)
+            gg += rng.normal(0, 0.5 * scale) if noisy else 0.0
+            sc.noise.update(a, gg, (16, 16, 16, 16))
+        sc.record(B0, np.full(30, fixed_cost(B0)) * np.exp(rng.normal(0, 0.02, 30)), fixed_cost(B0))
+        return sc
+
+    early = sc_after(12, noisy=False)
+    assert early.noise.steps < early.config.min_noise_steps
+    p = early.propose(B0, fixed_cost)
+    assert p is not None and p[0] > 2 * B0
+    assert sc_after(12, noisy=True).propose(B0, fixed_cost) is None
+    assert sc_after(5, noisy=False).propose(B0, fixed_cost) is None  # under 10 steps

@@ -130,3 +130,31 @@ def test_gradient_norms_never_wait_for_a_decision():
     t.join()
     dec.observe(Window(times(dec.plan, np.random.default_rng(0)), dec.plan, 0, 30))
     assert dec.scaler.noise.steps == 1
+
+
+def test_time_outside_compute_counts_toward_goodput():
+    # compute grows in proportion to the batch, and each step spends 60 ms more outside it
+    # (the all-reduce): only the wall clock shows that a larger batch amortises it
+    def decide(with_wall):
+        rng = np.random.default_rng(3)
+        dec = make()
+        for w in range(16):
+            feed(dec, rng, 30)
+            t = (np.asarray(dec.plan) / RATES)[:, None] * np.exp(rng.normal(0, 0.03, (N, 30)))
+            wall = float(t.max(axis=0).sum()) + 30 * 0.06 if with_wall else None
+            dec.observe(Window(t, dec.plan, 30 * w, 30 * w + 30, wall))
+        return dec
+
+    assert make().overhead_s == 0.0
+    dec = decide(True)
+    assert dec.overhead_s == pytest.approx(0.06, rel=0.05)
+    assert dec.global_batch > B0
+    assert decide(False).global_batch <= B0  # compute alone: a smaller batch is as fast
+
+
+def test_one_off_steps_are_not_the_batch_rate():
+    from lightning_rex.core.scaling.scaling_decider import _steady
+
+    t = np.r_[0.55, np.full(9, 0.05)]  # a new shape's autotuning on the first step
+    assert np.array_equal(_steady(t), np.full(9, 0.05))
+    assert np.array_equal(_steady(np.array([0.05, 0.5])), [0.05, 0.5])  # too few to judge

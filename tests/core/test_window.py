@@ -36,3 +36,13 @@ def test_invalid_windows_are_rejected(times, plan, start, end, match):
 def test_from_lists():
     w = Window.from_lists([[1.0, 1.0], [2.0, 2.0]], [4, 4], step_start=10)
     assert (w.step_start, w.step_end) == (10, 12)
+
+
+def test_overhead_is_the_wall_clock_outside_the_slowest_rank() -> None:
+    t = np.array([[0.02, 0.03], [0.04, 0.01]])  # the slowest rank's: 0.04 + 0.03
+    w = Window(t, (4, 4), 10, 12, wall_s=0.09)
+    assert w.overhead_s == pytest.approx(0.01)
+    assert Window(t, (4, 4), 10, 12).overhead_s is None
+    assert Window(t, (4, 4), 10, 12, wall_s=0.05).overhead_s == 0.0  # another clock's grain
+    with pytest.raises(ValueError, match="wall_s"):
+        Window(t, (4, 4), 10, 12, wall_s=float("nan"))

@@ -9,6 +9,7 @@ ranks carry the imbalance signal.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +28,9 @@ class Window:
         plan: The per-rank micro-batch sizes the steps ran under; ``len(plan) == N``.
         step_start: The first global step in the window.
         step_end: One past the last global step (exclusive); ``step_end > step_start``.
+        wall_s: Wall-clock seconds from the first step's start to the last step's end, or
+            None when unknown: with ``times`` it gives the time each step spends outside the
+            ranks' measured compute (the all-reduce, the loader, the optimizer).
 
     Raises:
         ValueError: Naming the field, when the shapes disagree or a time is not a finite
@@ -37,6 +41,7 @@ class Window:
     plan: tuple[int, ...]
     step_start: int
     step_end: int
+    wall_s: float | None = None
     _medians: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -57,12 +62,26 @@ class Window:
             raise ValueError(
                 f"step_end ({self.step_end}) must be greater than step_start ({self.step_start})"
             )
+        if self.wall_s is not None and not (math.isfinite(self.wall_s) and self.wall_s >= 0):
+            raise ValueError(f"wall_s must be a finite number >= 0 or None, got {self.wall_s!r}")
         times.setflags(write=False)
         object.__setattr__(self, "times", times)
         object.__setattr__(self, "plan", plan)
         object.__setattr__(self, "step_start", int(self.step_start))
         object.__setattr__(self, "step_end", int(self.step_end))
         object.__setattr__(self, "_medians", np.median(times, axis=1))
+
+    @property
+    def overhead_s(self) -> float | None:
+        """Mean seconds per step outside the slowest rank's compute, or None.
+
+        ``wall_s`` over the window's steps minus the mean of :attr:`step_max` (0 when the
+        difference is negative: clocks of another resolution).
+        """
+        if self.wall_s is None:
+            return None
+        per_step = self.wall_s / (self.step_end - self.step_start)
+        return max(0.0, per_step - float(self.step_max.mean()))
 
     @property
     def n_ranks(self) -> int:

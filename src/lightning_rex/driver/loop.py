@@ -326,8 +326,15 @@ class WindowDriver:
         if int(good.sum()) < self.config.min_steps:
             return
         steps = [s for s, g in zip(self._steps, good) if g]
-        window = Window(times[:, good], self._window_plan, steps[0], self._steps[-1] + 1)
         wall = math.nan if self._resumed_window else self._clock() - self._t0
+        whole = bool(good.all()) and wall >= 0  # the wall covers every step of the window
+        window = Window(
+            times[:, good],
+            self._window_plan,
+            steps[0],
+            self._steps[-1] + 1,
+            wall if whole and math.isfinite(wall) else None,
+        )
         self._resumed_window = False
         samples = k * sum(self._window_plan)  # the true global count, not N x rank 0's
         info = {

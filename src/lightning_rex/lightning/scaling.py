@@ -163,6 +163,10 @@ class TrainingScaling:
     Every rank keeps its own noise-scale averages (their inputs are all-reduced, so they
     agree) for the learning-rate rule; rank 0 also feeds the decider's scaler.
 
+    Attributes:
+        iterations: Scale-invariant iterations so far (AdaScale's gains summed; steps under
+            the other rules).
+
     Args:
         config: The scaling settings.
         base_batch: The run's first global batch ``B0``.
@@ -183,11 +187,13 @@ class TrainingScaling:
         self.rate = LearningRate()
         self.noise = NoiseScale(config.decay)
         self.batch = self.base_batch
+        self.iterations = 0.0
         if saved:
             c = self.check_state(saved, config)
             self.rate.factor = c["lr_factor"]
             self.noise.load_state_dict(c["noise"])
             self.batch = c["batch"]
+            self.iterations = c["iterations"]
 
     @staticmethod
     def check_state(d: Any, config: GlobalBatchScaling | None) -> dict[str, Any]:
@@ -237,10 +243,14 @@ class TrainingScaling:
             raise StateError(
                 f"{name}.lr_factor", f"must be in (0, {hi}/{lo}] for the range, got {factor!r}"
             )
+        iterations = real(d.get("iterations", 0.0), f"{name}.iterations")
+        if iterations < 0:
+            raise StateError(f"{name}.iterations", f"must be >= 0, got {iterations!r}")
         return {
             "lr_factor": factor,
             "batch": batch,
             "noise": NoiseScale.check_state(field(d, "noise", name), f"{name}.noise"),
+            "iterations": iterations,  # older checkpoints have none: from 0
         }
 
     def after_backward(
@@ -282,18 +292,25 @@ class TrainingScaling:
         estimates (the noise scale typically grows as training proceeds). The other rules
         change the rate only when the global batch does.
 
+        Every step also advances :attr:`iterations`: by AdaScale's gain under
+        ``"adascale"`` (the schedule of a step-interval scheduler then advances by the gain,
+        :mod:`lightning_rex.lightning.schedules`), by one under the other rules.
+
         Returns:
             Whether the global batch changed and the rate with it.
         """
         b = sum(plan)
         changed = b != self.batch
-        if not changed and self.config.lr_rule != "adascale":
-            return False
-        g = 1.0 if self.noise.grad_sq is None else self.noise.grad_sq
-        s = 0.0 if self.noise.noise is None else self.noise.noise
-        self.batch = b
-        factor = lr_factor(self.config.lr_rule, b, self.base_batch, g, s)
-        return self.rate.apply(optimizers, factor) and changed
+        moved = False
+        if changed or self.config.lr_rule == "adascale":
+            g = 1.0 if self.noise.grad_sq is None else self.noise.grad_sq
+            s = 0.0 if self.noise.noise is None else self.noise.noise
+            self.batch = b
+            factor = lr_factor(self.config.lr_rule, b, self.base_batch, g, s)
+            moved = self.rate.apply(optimizers, factor)
+        # AdaScale's scale-invariant iterations: this step counts for its gain
+        self.iterations += self.rate.factor if self.config.lr_rule == "adascale" else 1.0
+        return moved and changed
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state (the factor already in the optimizers' rates, the averages)."""
@@ -303,6 +320,7 @@ class TrainingScaling:
             "batch": self.batch,
             "base_batch": self.base_batch,
             "lr_rule": self.config.lr_rule,
+            "iterations": self.iterations,
         }
 
 

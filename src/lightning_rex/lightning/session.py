@@ -13,6 +13,8 @@ target is a frozen schedule and the session only monitors.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,6 +38,7 @@ from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.interfaces import UnevenStrategy
 from lightning_rex.lightning.progress import is_step_end, steps_done
 from lightning_rex.lightning.scaling import TrainingScaling, amp_scales, unscale_rates
+from lightning_rex.lightning.schedules import unwrap_schedulers, wrap_schedulers
 from lightning_rex.lightning.watchdog import HangWatchdog, default_store
 from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound, device_key
 from lightning_rex.measure.timing import ComputeTimer
@@ -98,6 +101,7 @@ class FitSession:
         self.dir = cb.log_dir or trainer.log_dir or trainer.default_root_dir
         self.log: DecisionLog | None = None
         self.step, self.comparable, self.started = 0, True, False
+        self._injected_s = 0.0
         self.micro: list[int] = []
         self.driver = WindowDriver(
             replace(cb.loop, apply_plans=adaptive),
@@ -110,6 +114,9 @@ class FitSession:
             telemetry=self._sample_telemetry if device.type == "cuda" else None,
             on_record=self._write,
             on_exchange=self._progress,
+            # injected step times run on their own clock: the wall clock of a test would add
+            # the machine's load to every window's time outside compute
+            clock=time.perf_counter if cb.step_time_fn is None else self._injected_clock,
         )
         self.timer.attach(module.parameters())
         self.scaling: TrainingScaling | None = None
@@ -141,6 +148,10 @@ class FitSession:
             target = ScheduleTarget(PlanSchedule((int(bs),) * n, int(bs) * n), frozen=True)
         return cls(cb, trainer, module, target, adaptive)
 
+    def _injected_clock(self) -> float:
+        """Seconds of injected step times so far (the driver's clock when times are injected)."""
+        return self._injected_s
+
     # ------------------------------------------------------------------ start
     def start(self, module: pl.LightningModule, loaded: dict[str, Any] | None) -> None:
         """Every rank, before any batch is trained: scaling, the loop, the watchdog.
@@ -158,6 +169,7 @@ class FitSession:
         if cfg is not None and self.driver.config.apply_plans:
             params = list(module.parameters())
             self.scaling = TrainingScaling(cfg, sched.global_batch, params, saved)
+            wrap_schedulers(trainer.lr_scheduler_configs, self.scaling)
         elif saved is not None:
             unscale_rates(trainer.optimizers, TrainingScaling.check_state(saved, None)["lr_factor"])
         self.started = True
@@ -253,6 +265,8 @@ class FitSession:
             self.memory.step_end(max(micro, default=0))
             if fn is not None:
                 sample = sum(fn(self.trainer.global_rank, self.step, b) for b in micro)
+                if math.isfinite(sample) and sample > 0:
+                    self._injected_s += float(sample)
         self.driver.record(self.step, [sample], self.comparable)
 
     def before_optimizer_step(self, optimizer: Any) -> None:
@@ -291,6 +305,7 @@ class FitSession:
         self.timer.detach()
         if self.scaling is not None:
             self.scaling.norms.remove()
+            unwrap_schedulers(self.trainer.lr_scheduler_configs)
         self.driver.close()
 
     def state_dict(self) -> dict[str, Any]:

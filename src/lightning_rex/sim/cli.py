@@ -19,6 +19,10 @@ latency); ``--cv`` / ``--ar1`` / ``--steps`` override the scenario, and ``--warm
 from a policy). ``--trace DIR`` also writes every run's window records (the format of
 training's ``rex_decisions.jsonl``) and ``DIR/summary.json``, which
 ``python -m lightning_rex report DIR`` plots (see :mod:`lightning_rex.sim.trace`).
+
+On a scenario with a ``workload`` (the ``gns-*`` presets), the policies are global batch
+policies, ``--compare fixed,hindsight,pollux,rex``, compared by their time to the workload's
+target (see :mod:`lightning_rex.sim.goodput_cli`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 __all__ = ["add_parser", "main"]
 
 POLICIES = ("even", "static", "proportional", "lbb", "omnilearn", "rex", "oracle")
+BATCH_POLICIES = ("fixed", "hindsight", "pollux")  # rex too; on workload scenarios only
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -50,7 +55,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--scenario", required=True, help="a preset name or a .json/.yaml file")
-    p.add_argument("--policy", default="rex", choices=POLICIES, help="policy for a single run")
+    p.add_argument(
+        "--policy",
+        default="rex",
+        choices=POLICIES + BATCH_POLICIES,
+        help="policy for a single run (fixed, hindsight, pollux: workload scenarios only)",
+    )
     p.add_argument("--compare", default=None, help="comma-separated policies to compare")
     p.add_argument("--seed", type=_seed, default=0, help="noise seed (default 0)")
     p.add_argument(
@@ -92,7 +102,12 @@ def _policies(args: argparse.Namespace) -> list[str]:
     names = [n.strip() for n in names if n.strip()]
     bad = [n for n in names if n not in POLICIES]
     if bad:
-        raise ValueError(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
+        what = (
+            f"policy {bad[0]!r} needs a workload scenario"
+            if bad[0] in BATCH_POLICIES
+            else f"unknown policy {bad[0]!r}"
+        )
+        raise ValueError(f"{what}; choose from {', '.join(POLICIES)}")
     if "oracle" not in names:
         names.append("oracle")
     return names
@@ -184,6 +199,10 @@ def main(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
+    if scen.workload is not None:
+        from lightning_rex.sim.goodput_cli import main_goodput
+
+        return main_goodput(args, scen, _table)
     try:
         names = _policies(args)
     except ValueError as e:

@@ -36,10 +36,11 @@ from lightning_rex.sim.policy import Policy, PolicyInfo, as_policy
 from lightning_rex.sim.scenario import Scenario
 from lightning_rex.sim.times import ScenarioTimes
 
-__all__ = ["LoopRun", "Trace", "default_loop", "run_loop", "simulate"]
+__all__ = ["LoopRun", "Trace", "decider_for", "default_loop", "run_loop", "simulate"]
 
 StepTimes = Callable[[int, np.ndarray], np.ndarray]
 StepHook = Callable[[int, np.ndarray, Plan], "Plan | None"]
+AfterStep = Callable[[int, Plan], bool]
 
 
 @dataclass
@@ -175,6 +176,8 @@ def run_loop(
     initial_plan: Plan | None = None,
     on_step: StepHook | None = None,
     devices: Sequence[str | None] | None = None,
+    batch_range: tuple[int, int] | None = None,
+    after_step: AfterStep | None = None,
 ) -> LoopRun:
     """Drive the window loop through ``steps`` steps on per-rank times from a function.
 
@@ -196,12 +199,16 @@ def run_loop(
             applies from the next step, with no lag (a per-step rule that runs between
             steps on every rank, such as LBB's).
         devices: Each rank's device label (training's device keys), or None (one kind).
+        batch_range: ``(min, max)`` global batches plans may sum to (global batch scaling),
+            or None: every plan sums to ``global_batch``.
+        after_step: Called after every step with ``(step, plan)``; True ends the run there
+            (a workload's target reached). ``step_s`` then holds the steps run.
 
     Returns:
         The run.
     """
     first = initial_plan or even_plan(global_batch, world_size)
-    schedule = PlanSchedule(first, global_batch, SizeBounds(min_size))
+    schedule = PlanSchedule(first, global_batch, SizeBounds(min_size), batch_range=batch_range)
     target = ScheduleTarget(schedule)
     timed = _Timed(decider)
     clock = [0.0]
@@ -216,6 +223,7 @@ def run_loop(
     labels = [None] * world_size if devices is None else list(devices)
     driver.start(0, ["sim" if d is None else f"sim:{d}" for d in labels])
     out = np.empty(steps)
+    ran = steps
     plan_arr, plan = np.asarray(schedule.plan_at(0)), schedule.plan_at(0)
     for step in range(steps):
         target.now = step
@@ -230,8 +238,11 @@ def run_loop(
             new = on_step(step, t, plan)
             if new is not None and tuple(new) != plan:  # through the plan target, as training
                 schedule_agreed(collectives, target, new, step + 1)
+        if after_step is not None and after_step(step, plan):
+            ran = step + 1
+            break
     driver.finish()
-    return LoopRun(out, schedule.entries, driver.records, timed.ms)
+    return LoopRun(out[:ran], schedule.entries, driver.records, timed.ms)
 
 
 def default_loop(
@@ -266,7 +277,15 @@ def default_loop(
     )
 
 
-def _decider(policy: Policy) -> Decider:
+def decider_for(policy: Policy) -> Decider:
+    """The decider the window loop drives for a policy: rex's own, or the policy's windows.
+
+    Args:
+        policy: The policy (reset).
+
+    Returns:
+        The decider.
+    """
     if isinstance(policy, RexPolicy):
         return policy.controller  # the decider the builder made, driven as in training
     return PolicyDecider(policy)
@@ -314,7 +333,7 @@ def simulate(
         n,
         s.steps,
         times,
-        _decider(policy),
+        decider_for(policy),
         loop or default_loop(s, policy),
         min_size=s.min_size,
         comm=s.comm,

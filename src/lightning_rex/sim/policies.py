@@ -32,6 +32,8 @@ from lightning_rex.core.plans.planner import (
     water_fill,
 )
 from lightning_rex.core.plans.schedule import SizeBounds
+from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
+from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.core.window import Window
 from lightning_rex.sim.lbb import LBBPolicy
@@ -214,12 +216,30 @@ class RexPolicy(PolicyBase):
             shape_change_s=info.shape_change_s,
             shape_cache=info.shape_cache,
         )
+        if info.batch_range is not None and settings.global_batch is None:
+            # a workload scenario's batch range: global batch scaling with its defaults
+            lo, hi = info.batch_range
+            settings = replace(settings, global_batch=GlobalBatchScaling(lo, hi))
         bounds = SizeBounds(info.min_size).with_caps(info.max_sizes)
         self.controller = build.build_decider(
             settings, info.initial_plan, info.global_batch, bounds, info.devices
         )
         self.rollbacks = 0
         self.decisions = []
+
+    def observe_gradients(
+        self, step: int, weighted_local_sq: float, global_sq: float, plan: Plan
+    ) -> None:
+        """Hand a step's gradient norms to the global batch scaler (when it is on).
+
+        Args:
+            step: The step just run.
+            weighted_local_sq: ``sum_r (b_r / B) |g_r|^2`` of the ranks' mean gradients.
+            global_sq: ``|g|^2`` of the global mean gradient.
+            plan: The plan it ran under.
+        """
+        if isinstance(self.controller, ScalingDecider):
+            self.controller.add_gradient_norms(weighted_local_sq, global_sq, plan)
 
     def observe(self, window: Window) -> Plan | None:
         """Forward the window; return the decision's plan."""

@@ -11,6 +11,9 @@ calls, on every policy alike:
   next step); None keeps the plan;
 * ``observe_step(step, times, plan)`` after every step: a plan returned applies from the
   next step, through the plan target (the peers' per-step rules);
+* ``observe_gradients(step, weighted_local_sq, global_sq, plan)`` after every step of a
+  workload scenario: the step's gradient norms, as training measures them (global batch
+  policies);
 * ``looks_for(window)``: how many times per window the loop gathers;
 * ``rollbacks``: rollbacks the policy made itself, reported with the driver's.
 
@@ -50,6 +53,9 @@ class PolicyInfo:
         devices: Per-rank hardware labels (None where unlabelled).
         shape_change_s: Seconds a rank pays for a size it has not run recently.
         shape_cache: How many distinct recent sizes a rank keeps free.
+        comm: Seconds added to every synchronous step.
+        batch_range: ``(min, max)`` global batches the policy may move the batch in (a
+            workload scenario's batch policies), or None: the global batch is fixed.
     """
 
     global_batch: int
@@ -63,6 +69,8 @@ class PolicyInfo:
     devices: tuple[str | None, ...] = ()
     shape_change_s: float = 0.0
     shape_cache: int = 8
+    comm: float = 0.0
+    batch_range: tuple[int, int] | None = None
 
 
 class Policy(Protocol):
@@ -79,6 +87,11 @@ class Policy(Protocol):
 
     def observe_step(self, step: int, times: np.ndarray, plan: Plan) -> Plan | None:
         """Return a new plan to apply from the next step, or None."""
+
+    def observe_gradients(
+        self, step: int, weighted_local_sq: float, global_sq: float, plan: Plan
+    ) -> None:
+        """Take one step's gradient norms (workload scenarios)."""
 
     def profiling_plan(self) -> Any:
         """Per-rank sizes of profiling steps to run before training, or None."""
@@ -130,6 +143,18 @@ class PolicyBase:
             None.
         """
         return None
+
+    def observe_gradients(
+        self, step: int, weighted_local_sq: float, global_sq: float, plan: Plan
+    ) -> None:
+        """Ignore the gradient norms (by default).
+
+        Args:
+            step: The step just run.
+            weighted_local_sq: ``sum_r (b_r / B) |g_r|^2`` of the ranks' mean gradients.
+            global_sq: ``|g|^2`` of the global mean gradient.
+            plan: The plan it ran under.
+        """
 
     def profiling_plan(self) -> Any:
         """No profiling (by default).
@@ -191,6 +216,13 @@ class _Duck(PolicyBase):
     def observe_step(self, step: int, times: np.ndarray, plan: Plan) -> Plan | None:
         hook = self._hook("observe_step")
         return None if hook is None else _plan(hook(step, times, plan))
+
+    def observe_gradients(
+        self, step: int, weighted_local_sq: float, global_sq: float, plan: Plan
+    ) -> None:
+        hook = self._hook("observe_gradients")
+        if hook is not None:
+            hook(step, weighted_local_sq, global_sq, plan)
 
     def profiling_plan(self) -> Any:
         hook = self._hook("profiling_plan")

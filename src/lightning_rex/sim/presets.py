@@ -25,30 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+from lightning_rex.sim.fleets import gpu_rank, mixed_fleet
+from lightning_rex.sim.workload_presets import WORKLOAD_PRESETS
 
 __all__ = ["PRESETS", "SHAPE_CHANGE_S"]
 
 SHAPE_CHANGE_S = 0.5
 """Seconds a GPU preset charges a rank for a micro-batch shape it has not run recently."""
-
-_GPU = {
-    # rate (samples/s), overhead (s), knee (samples), mem cap (samples)
-    "A100": (2600.0, 0.006, 24, 640),
-    "V100": (1400.0, 0.007, 16, 256),
-    "T4": (450.0, 0.009, 8, 128),
-}
-
-
-def _rank(kind: str, jitter: float = 0.0) -> dict[str, Any]:
-    rate, over, knee, cap = _GPU[kind]
-    return {
-        "rate": rate * (1.0 + jitter),
-        "overhead_s": over,
-        "knee": knee,
-        "mem_cap": cap,
-        "device": kind,
-    }
 
 
 def _uniform(n: int, rate: float = 2000.0) -> list[dict[str, Any]]:
@@ -85,7 +68,7 @@ def homogeneous_8() -> dict[str, Any]:
 
 def a100_v100_t4_8() -> dict[str, Any]:
     """Three A100, three V100, two T4."""
-    ranks = [_rank("A100")] * 3 + [_rank("V100")] * 3 + [_rank("T4")] * 2
+    ranks = [gpu_rank("A100")] * 3 + [gpu_rank("V100")] * 3 + [gpu_rank("T4")] * 2
     return {
         "global_batch": 512,
         "steps": 3000,
@@ -96,13 +79,6 @@ def a100_v100_t4_8() -> dict[str, Any]:
     }
 
 
-def _mixed(n: int, seed: int) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(seed)
-    kinds = rng.choice(["A100", "V100", "T4"], size=n, p=[0.4, 0.4, 0.2])
-    jit = rng.uniform(-0.05, 0.05, size=n)
-    return [_rank(str(k), float(j)) for k, j in zip(kinds, jit)]
-
-
 def mixed_64() -> dict[str, Any]:
     """64 ranks of three generations with +-5% unit-to-unit spread."""
     return {
@@ -110,7 +86,7 @@ def mixed_64() -> dict[str, Any]:
         "steps": 3000,
         "window": 30,
         "comm": 0.02,
-        "ranks": _mixed(64, 64),
+        "ranks": mixed_fleet(64, 64),
         "noise": {"dist": "lognormal", "cv": 0.15, "ar1": 0.5},
     }
 
@@ -122,14 +98,14 @@ def mixed_4096() -> dict[str, Any]:
         "steps": 600,
         "window": 30,
         "comm": 0.05,
-        "ranks": _mixed(4096, 4096),
+        "ranks": mixed_fleet(4096, 4096),
         "noise": {"dist": "lognormal", "cv": 0.15, "ar1": 0.5},
     }
 
 
 def slowdown_mid_16() -> dict[str, Any]:
     """16 ranks (A100 and V100); two ranks slow down by 1.6x halfway and stay slow."""
-    ranks = [_rank("A100")] * 8 + [_rank("V100")] * 8
+    ranks = [gpu_rank("A100")] * 8 + [gpu_rank("V100")] * 8
     return {
         "global_batch": 1024,
         "steps": 3000,
@@ -182,7 +158,7 @@ def drift_16() -> dict[str, Any]:
     Rank 2 slows by 8% every 300 steps from step 600 (1.85x at the end) while rank 10 speeds
     up by 6% at the same times (six times).
     """
-    ranks = [_rank("A100")] * 8 + [_rank("V100")] * 8
+    ranks = [gpu_rank("A100")] * 8 + [gpu_rank("V100")] * 8
     ev = []
     for i, s in enumerate(range(600, 3000, 300)):
         ev.append({"ranks": [2], "start": s, "end": 3000, "factor": 1.08})
@@ -257,7 +233,7 @@ def staircase_8() -> dict[str, Any]:
     ranks = []
     for kind, n in (("A100", 2), ("V100", 3), ("T4", 3)):
         tile, wave = tiles[kind]
-        ranks += [{**_rank(kind), "tile": tile, "wave": {"size": wave, "share": 0.3}}] * n
+        ranks += [{**gpu_rank(kind), "tile": tile, "wave": {"size": wave, "share": 0.3}}] * n
     return {
         "global_batch": 1024,
         "steps": 3000,
@@ -275,8 +251,8 @@ def memwall_8() -> dict[str, Any]:
     fragmentation, activation recomputation, cache thrashing). The global batch pushes the
     fast ranks into that region: the affine fit a rank's first windows suggest overshoots.
     """
-    ranks = [dict(_rank("A100"), mem_cap=256) for _ in range(4)]
-    ranks += [dict(_rank("V100"), mem_cap=160) for _ in range(4)]
+    ranks = [dict(gpu_rank("A100"), mem_cap=256) for _ in range(4)]
+    ranks += [dict(gpu_rank("V100"), mem_cap=160) for _ in range(4)]
     for r in ranks:
         r["wall"] = {"start": 0.7, "factor": 2.5}
     return {
@@ -362,3 +338,4 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "resnet50-k80-m60-v100-6": _costed(resnet50_k80_m60_v100_6, SHAPE_CHANGE_S),
 }
 """Preset name -> function returning the scenario mapping (with its shape-change cost)."""
+PRESETS.update({k: _costed(v, SHAPE_CHANGE_S) for k, v in WORKLOAD_PRESETS.items()})

@@ -39,6 +39,11 @@ micro-batch size is not one of the last ``shape_cache`` (default 8) distinct siz
 the initial plan are warm. ``epoch_steps`` (default 300) is an epoch's length in steps, for
 policies that act once per epoch.
 
+``workload`` (optional) gives a training job's gradient statistics and a target: the run
+then ends when that target is reached, and global batch policies are compared by their time
+to it (see :mod:`lightning_rex.sim.workload` and :mod:`lightning_rex.sim.goodput`); ``steps``
+is then the most steps a run may take.
+
 Optional keys: ``name``, ``min_size`` (default 1). Unknown keys, negative rates, an empty rank
 list or events outside the run raise :class:`ScenarioError` naming the field.
 
@@ -61,7 +66,9 @@ from functools import cached_property
 import numpy as np
 
 from lightning_rex.sim.curves import TableCurve, affine_times, memory_wall_factor
+from lightning_rex.sim.errors import ScenarioError
 from lightning_rex.sim.noise import NoiseComponent, NoiseProcess, Spikes
+from lightning_rex.sim.workload import Workload
 
 __all__ = [
     "LIMITS",
@@ -100,10 +107,6 @@ LIMITS: dict[str, float] = {
 }
 """Upper bounds of the numeric fields (rates are also at least ``1 / LIMITS["rate"]``, and
 event factors at least ``1 / LIMITS["factor"]``)."""
-
-
-class ScenarioError(ValueError):
-    """A scenario that breaks the schema; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,7 @@ class Scenario:
     shape_change_s: float = 0.0
     shape_cache: int = 8
     epoch_steps: int = 300
+    workload: Workload | None = None
 
     @property
     def world_size(self) -> int:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_rex.sim.curves import TableCurve
+from lightning_rex.sim.fields import check_keys as _check_keys
+from lightning_rex.sim.fields import number as _num
 from lightning_rex.sim.noise import NoiseComponent, Spikes
 from lightning_rex.sim.scenario import (
     LIMITS,
@@ -31,6 +33,7 @@ from lightning_rex.sim.scenario import (
     Scenario,
     ScenarioError,
 )
+from lightning_rex.sim.workload import workload_from_dict
 
 __all__ = [
     "load_scenario",
@@ -72,7 +75,7 @@ def _noise_dict(n: NoiseSpec) -> dict[str, Any]:
 
 def to_dict(s: Scenario) -> dict[str, Any]:
     """The JSON-able mapping of a scenario (inverse of :func:`scenario_from_dict`)."""
-    return {
+    d: dict[str, Any] = {
         "name": s.name,
         "global_batch": s.global_batch,
         "steps": s.steps,
@@ -89,6 +92,15 @@ def to_dict(s: Scenario) -> dict[str, Any]:
             for e in s.events
         ],
     }
+    if s.workload is not None:
+        w = s.workload
+        d["workload"] = {
+            "b0": w.b0,
+            "target_progress": w.target_progress,
+            "trace": [list(r) for r in w.trace],
+            "batch_range": list(w.batch_range),
+        }
+    return d
 
 
 _TOP = {
@@ -104,6 +116,7 @@ _TOP = {
     "shape_change_s",
     "shape_cache",
     "epoch_steps",
+    "workload",
 }
 _RANK = {"rate", "overhead_s", "knee", "mem_cap", "tile", "wave", "curve", "wall", "device"}
 _AFFINE = {"rate", "overhead_s", "knee", "tile", "wave"}
@@ -113,46 +126,6 @@ _NOISE = {"dist", "cv", "ar1", "components", "spikes"}
 _COMPONENT = {"share", "ar1"}
 _SPIKES = {"prob", "factor"}
 _EVENT = {"ranks", "start", "end", "factor"}
-
-
-def _check_keys(d: Any, allowed: set[str], where: str) -> Mapping[str, Any]:
-    if not isinstance(d, Mapping):
-        raise ScenarioError(f"{where} must be a mapping, got {type(d).__name__}")
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise ScenarioError(
-            f"unknown key {where + '.' if where != 'scenario' else ''}{unknown[0]!s} in {where}; "
-            f"allowed: {sorted(allowed)}"
-        )
-    return d
-
-
-def _num(
-    d: Mapping[str, Any],
-    key: str,
-    where: str,
-    default: Any = None,
-    *,
-    lo: float | None = None,
-    lo_open: bool = False,
-    hi: float | None = None,
-    integer: bool = False,
-) -> Any:
-    if key not in d:
-        if default is None:
-            raise ScenarioError(f"missing required field {where}{key}")
-        return default
-    v = d[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ScenarioError(f"{where}{key} must be a finite number, got {v!r}")
-    if integer and int(v) != v:
-        raise ScenarioError(f"{where}{key} must be an integer, got {v!r}")
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ScenarioError(f"{where}{key} must be {'>' if lo_open else '>='} {lo}, got {v!r}")
-    if hi is not None and v > hi:
-        bound = f"{int(hi):,}" if integer else f"{hi:g}"
-        raise ScenarioError(f"{where}{key} must be <= {bound}, got {v!r}")
-    return int(v) if integer else float(v)
 
 
 def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
@@ -332,6 +305,11 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
                 _num(e, "factor", where, lo=1.0 / LIMITS["factor"], hi=LIMITS["factor"]),
             )
         )
+    workload = None
+    if "workload" in d:
+        workload = workload_from_dict(
+            d["workload"], gb, n, min_size, [r.mem_cap for r in ranks], MAX_PER_RANK
+        )
     nm = d.get("name", name or "custom")
     return Scenario(
         gb,
@@ -346,6 +324,7 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
         shape_change_s,
         shape_cache,
         epoch_steps,
+        workload,
     )
 
 

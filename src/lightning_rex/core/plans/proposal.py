@@ -87,6 +87,30 @@ def best_plan_for(
     return plan, float(mean[np.arange(len(plan)), np.asarray(plan) - 1].max())
 
 
+def best_plans_for(
+    model: RankTimeModel, bounds: Sequence[tuple[np.ndarray, np.ndarray]], batches: Sequence[int]
+) -> list[tuple[Plan, float]]:
+    """:func:`best_plan_for` of several global batches, on one posterior of the size grid.
+
+    Args:
+        model: The rank time model (at least one window held).
+        bounds: ``(lo, hi)`` per-rank sizes for each batch.
+        batches: The global batches.
+
+    Returns:
+        ``(plan, predicted step time)`` per batch, as :func:`best_plan_for` gives them.
+    """
+    if not batches:
+        return []
+    g = max(int(np.max(hi)) for _, hi in bounds)
+    mean, _ = model.predict_grid(np.arange(1, g + 1))
+    out = []
+    for (lo, hi), b in zip(bounds, batches):
+        plan = water_fill(mean[:, : int(np.max(hi))], int(b), lo, hi)
+        out.append((plan, float(mean[np.arange(len(plan)), np.asarray(plan) - 1].max())))
+    return out
+
+
 def with_floors(
     curves: np.ndarray, sizes: np.ndarray, floors: Sequence[Sequence[float]] = ()
 ) -> np.ndarray:

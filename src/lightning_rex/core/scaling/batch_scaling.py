@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,11 +54,12 @@ from lightning_rex.core.stats.noninferiority import long_run_variance, non_infer
 if TYPE_CHECKING:  # torch loads when the scaler models goodput, not on import
     import torch
 
-__all__ = ["BatchScaler", "BatchVerdict", "GlobalBatchScaling"]
+__all__ = ["EARLY_STEPS", "STEP_LIMIT", "BatchScaler", "BatchVerdict", "GlobalBatchScaling"]
 
 
 _MAX_OBS = 64
-"""Windows of goodput evidence kept (the oldest are dropped)."""
+"""Windows of goodput evidence kept: past it, the oldest window of the batch with the most
+windows is dropped, so that a batch tried once (and rolled back) stays known."""
 
 
 def _log_time(seconds: float) -> float:
@@ -68,6 +70,10 @@ def _log_time(seconds: float) -> float:
     return math.log(seconds) if seconds > 0 and math.isfinite(seconds) else math.inf
 
 
+STEP_LIMIT = 2.0
+"""The most one change multiplies or divides the global batch by."""
+EARLY_STEPS = 10
+"""The fewest steps of noise estimates a change may rest on (a sequential test's start)."""
 MAX_BATCH = 2**24
 """The largest global batch (no plan or grid is built for more)."""
 MAX_CANDIDATES = 1024
@@ -86,7 +92,11 @@ class GlobalBatchScaling:
         min_gain: The smallest goodput gain worth a change, predicted and then measured.
         confidence: One-sided confidence that a kept change's goodput gain is real.
         decay: Per-step decay of the noise scale's moving averages.
-        min_noise_steps: Steps of noise-scale estimates before the first change.
+        min_noise_steps: Steps of noise-scale estimates after which a change may rest on
+            the estimate alone. Before them (from :data:`EARLY_STEPS` steps) a change is
+            proposed only when it pays even at the pessimistic end of the noise scale's
+            one-sided ``confidence`` interval: a sequential test, so that a large gain is
+            taken as soon as the evidence shows it.
         candidates: Batch sizes on the geometric grid the acquisition is evaluated on
             (at most :data:`MAX_CANDIDATES`).
         beta: ``UpperConfidenceBound``'s exploration weight (on log goodput).
@@ -227,14 +237,19 @@ class BatchScaler:
             return
         var = max(long_run_variance(t) / t.size, 1e-6)
         self._obs.append(_Obs(int(batch), float(t.mean()), var, math.log(predicted_s)))
-        self._obs = self._obs[-_MAX_OBS:]
+        if len(self._obs) > _MAX_OBS:
+            counts: dict[int, int] = {}
+            for o in self._obs:
+                counts[o.batch] = counts.get(o.batch, 0) + 1
+            most = max(counts, key=lambda b: counts[b])
+            self._obs.pop(next(i for i, o in enumerate(self._obs) if o.batch == most))
         self._since += 1
 
     @property
     def ready(self) -> bool:
         """Whether enough evidence has accumulated to consider a change now."""
         return (
-            self.noise.steps >= self.config.min_noise_steps
+            self.noise.steps >= min(self.config.min_noise_steps, EARLY_STEPS)
             and self._since >= self.config.windows_between
             and not self.noise.frozen  # no B changes on an estimate that stopped moving
             and self.noise.phi is not None
@@ -333,14 +348,54 @@ class BatchScaler:
                 ucb = known + acq(self._x(grid).unsqueeze(1)).numpy()
         else:
             ucb = mean + self.config.beta * sd
-        best = int(np.argmax(ucb))
+        # a trust region: the rank model extrapolates poorly far from the sizes it has run,
+        # and a far trial that fails costs a whole window at a bad batch
+        near = (grid <= current * STEP_LIMIT) & (grid * STEP_LIMIT >= current)
+        best = int(np.argmax(np.where(near, ucb, -np.inf)))
         cur = int(np.flatnonzero(grid == current)[0])
         if not (math.isfinite(mean[best]) and math.isfinite(mean[cur])):
             return None
         gain = math.exp(mean[best] - mean[cur])
         if grid[best] == current or gain < 1.0 + self.config.min_gain:
             return None
+        if self.noise.steps < self.config.min_noise_steps:  # early: the sequential test
+            bounds = self.phi_bounds()
+            if bounds is None:
+                return None
+            phi = bounds[0] if grid[best] > current else bounds[1]
+            if math.isfinite(phi):
+                b0, new = self.base_batch, float(grid[best])
+                worst = statistical_efficiency(new, b0, phi) / statistical_efficiency(
+                    current, b0, phi
+                )
+                if (
+                    gain * worst / (self.efficiency(new) / self.efficiency(current))
+                    < 1.0 + self.config.min_gain
+                ):
+                    return None
         return int(grid[best]), gain
+
+    def phi_bounds(self) -> tuple[float, float] | None:
+        """The noise scale's ``confidence`` interval from the recent steps' raw estimates.
+
+        The means of the per-step ``|G|^2`` and ``tr(Sigma)`` estimates, each within
+        ``z`` standard errors (one-sided ``confidence``), give the smallest and the
+        largest ratio; inf where ``|G|^2``'s bound is not positive.
+
+        Returns:
+            ``(low, high)``, or None before :data:`EARLY_STEPS` estimates.
+        """
+        rows = np.asarray(self.noise.recent, dtype=np.float64)
+        if rows.shape[0] < EARLY_STEPS:
+            return None
+        m = rows.mean(axis=0)
+        se = rows.std(axis=0, ddof=1) / math.sqrt(rows.shape[0])
+        z = NormalDist().inv_cdf(self.config.confidence)
+        g_lo, g_hi = m[0] - z * se[0], m[0] + z * se[0]
+        s_lo, s_hi = max(0.0, m[1] - z * se[1]), max(0.0, m[1] + z * se[1])
+        low = s_lo / g_hi if g_hi > 0 else math.inf
+        high = s_hi / g_lo if g_lo > 0 else math.inf
+        return low, high
 
     def changed(self) -> None:
         """Tell the scaler a change was made (the window count restarts)."""
@@ -348,7 +403,12 @@ class BatchScaler:
 
     # ------------------------------------------------------------------ validation
     def validate(
-        self, old: int, new: int, old_times: np.ndarray, new_times: np.ndarray
+        self,
+        old: int,
+        new: int,
+        old_times: np.ndarray,
+        new_times: np.ndarray,
+        confidence: float | None = None,
     ) -> BatchVerdict:
         """Keep a change of the global batch only when its goodput gain is shown.
 
@@ -357,6 +417,7 @@ class BatchScaler:
             new: The batch after.
             old_times: Per-step synchronous times at ``old`` (the baseline), seconds.
             new_times: Per-step synchronous times at ``new``, seconds.
+            confidence: The one-sided confidence of the gain; None for the configured one.
 
         Returns:
             The :class:`BatchVerdict`.
@@ -366,7 +427,7 @@ class BatchScaler:
             np.asarray(new_times),
             np.asarray(old_times),
             margin=0.0,
-            confidence=self.config.confidence,
+            confidence=self.config.confidence if confidence is None else confidence,
         )
         gain, lower = k / ni.ratio, k / ni.upper
         frozen = self.noise.frozen or not math.isfinite(k)

@@ -200,6 +200,11 @@ class NoiseScale:
             raise ValueError(f"decay must be in [0, 1), got {self.decay}")
 
     @property
+    def recent(self) -> list[tuple[float, float]]:
+        """The last (at most 64) steps' raw ``(|G|^2, tr(Sigma))`` estimates, oldest first."""
+        return list(self._recent)
+
+    @property
     def frozen(self) -> bool:
         """Whether the last ``FROZEN_AFTER`` or more steps had no finite norms."""
         return self.stale >= FROZEN_AFTER

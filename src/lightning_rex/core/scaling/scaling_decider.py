@@ -16,6 +16,16 @@ Per-step gradient norms reach the scaler through :meth:`ScalingDecider.add_gradi
 from the training thread, while windows may be decided in the loop's background thread. The
 training thread only appends to a queue under its own short lock (it must never wait for a
 decision); the decision takes the queue into the noise averages first.
+
+Goodput is samples per second of *wall clock*: a step lasts its slowest rank's compute plus
+what every step spends outside it (the all-reduce, the loader, the optimizer), which does
+not grow with the batch and so favours larger ones. The window loop gives each window's
+wall-clock time (:attr:`~lightning_rex.core.window.Window.overhead_s`); the median of the
+last 16 windows' overheads is added to the measured and the predicted step times alike.
+
+Goodput is a rate: the one-off steps of a change (a new shape's autotuning, a step more
+than twice its window's median) are left out of the step times the scaler models and
+validates on (:func:`_steady`).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from lightning_rex.core.decide.controller import Controller
 from lightning_rex.core.decide.controller_state import check_controller_state
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.proposal import best_plans_for
 from lightning_rex.core.saved import StateError, field, float_list, int_list, whole
 from lightning_rex.core.scaling.batch_scaling import BatchScaler, GlobalBatchScaling
 from lightning_rex.core.window import Window
@@ -39,6 +50,35 @@ __all__ = ["ScalingDecider"]
 
 _BASELINE_STEPS = 60
 """Steps at the old batch kept as a change's baseline."""
+
+
+_LARGE_GAIN = 1.25
+"""A predicted goodput gain large enough to propose on a third of a window of baseline."""
+_LOOKS = 3
+"""Looks at a new batch's trial: it may be kept after each third of a window."""
+_OVERHEAD_WINDOWS = 16
+"""Windows whose per-step overhead (wall clock minus compute) is kept."""
+_ONE_OFF = 2.0
+"""A step slower than this many times its window's median is a one-off (module docstring)."""
+
+
+def _early_confidence(d: ScalingDecider) -> float:
+    """The confidence of a look before the trial's whole window (Bonferroni over the looks)."""
+    return 1.0 - (1.0 - d.scaler.config.confidence) / _LOOKS
+
+
+def _steady(step_max: np.ndarray) -> np.ndarray:
+    """A window's step times without its one-off steps.
+
+    The first step at a new micro-batch size pays for the new shape once (cuDNN autotuning,
+    recompiles: 0.5 s against a 0.04 s step), and a step of a plan change can take a data
+    loader's refill: costs of the change, not the rate of the batch, which is what goodput
+    compares. A step more than twice the window's median is left out (all of them when
+    fewer than two would remain).
+    """
+    t = np.asarray(step_max, dtype=np.float64)
+    keep = t[t <= _ONE_OFF * float(np.median(t))]
+    return keep if keep.size >= 2 else t
 
 
 class ScalingDecider:
@@ -61,6 +101,8 @@ class ScalingDecider:
         # (old batch, old plan, baseline times) while a new batch is validated, and its times
         self._change: tuple[int, Plan, list[float]] | None = None
         self._trial: list[float] = []
+        self._predicted: dict[int, float] = {}
+        self._overheads: list[float] = []
 
     @property
     def plan(self) -> Plan:
@@ -109,6 +151,17 @@ class ScalingDecider:
             self._take_norms()
             return self._observe(window)
 
+    @property
+    def overhead_s(self) -> float:
+        """Seconds per step outside the ranks' compute: the median of the recent windows'."""
+        return float(np.median(self._overheads)) if self._overheads else 0.0
+
+    def _times(self, window: Window) -> np.ndarray:
+        """The window's synchronous step times as goodput sees them (module docstring)."""
+        if window.overhead_s is not None:
+            self._overheads = [*self._overheads, window.overhead_s][-_OVERHEAD_WINDOWS:]
+        return _steady(window.step_max) + self.overhead_s
+
     def _observe(self, window: Window) -> Decision:
         b = sum(window.plan)
         measured = float(window.medians.max())
@@ -123,16 +176,29 @@ class ScalingDecider:
             # the new batch's windows teach both models: the rank times at the new sizes (a
             # re-split the controller would propose now is declined: the batch comes first)
             # and the goodput residual at the new batch
-            if self.controller.observe(window).kind != "hold":
+            decided = self.controller.observe(window)
+            self._forget()
+            if decided.kind != "hold":
                 self.controller.decline()
+            # the first step at the new batch pays its new shapes once (cuDNN autotuning,
+            # recompiles): a one-off, not the new batch's rate, so it is left out
+            times = (
+                window.step_max if self._trial or window.step_max.size < 3 else window.step_max[1:]
+            )
             if self.controller.model.n_obs > 0:
-                self.scaler.record(b, window.step_max, self._predict(b))
-            self._trial += window.step_max.tolist()
+                self.scaler.record(b, times, self._predict(b))
+            self._trial += times.tolist()
             if len(self._trial) < self.window_steps:
-                return hold(
-                    f"global batch {old} -> {b}: measuring ({len(self._trial)} of"
-                    f" {self.window_steps} steps)"
+                # a sequential look: a gain already shown at a stricter confidence is kept
+                # now; anything else is measured on to the whole window
+                early = self.scaler.validate(
+                    old, b, np.asarray(base), np.asarray(self._trial), _early_confidence(self)
                 )
+                if not (early.keep and len(self._trial) >= max(2, self.window_steps // 3)):
+                    return hold(
+                        f"global batch {old} -> {b}: measuring ({len(self._trial)} of"
+                        f" {self.window_steps} steps)"
+                    )
             v = self.scaler.validate(old, b, np.asarray(base), np.asarray(self._trial))
             self._change, self._trial, self._recent = None, [], []
             what = f"global batch {old} -> {b}: goodput x{v.gain:.3f} (lower bound x{v.lower:.3f})"
@@ -154,17 +220,22 @@ class ScalingDecider:
                 "accept", None, None, measured, None, what, window.step_end, validated=True
             )
         d = self.controller.observe(window)
+        self._forget()
         steady = self.controller.state == "steady" and window.plan == self.controller.plan
         if d.kind != "hold" or not steady or self.controller.model.n_obs == 0:
             return d  # (the rank model has no window yet: a partial first window)
-        self.scaler.record(b, window.step_max, self._predict(b))
-        self._recent = (self._recent + window.step_max.tolist())[-_BASELINE_STEPS:]
-        if len(self._recent) < self.window_steps:
+        times = self._times(window)
+        self.scaler.record(b, times, self._predict(b))
+        self._recent = (self._recent + times.tolist())[-_BASELINE_STEPS:]
+        if len(self._recent) < max(2, self.window_steps // 3):
             return d
+        self._predict_many(self.scaler.candidates(b).tolist())
         p = self.scaler.propose(b, self._predict)
         if p is None:
             return d
         new, gain = p
+        if len(self._recent) < self.window_steps and gain < _LARGE_GAIN:
+            return d  # a small gain is shown on a whole window of baseline only
         try:
             plan, pred_new = self.controller.predict_step_time(new)
             old_plan = self.controller.plan
@@ -193,16 +264,37 @@ class ScalingDecider:
         """
         with self._lock:
             self.controller.set_bounds(min_size, max_sizes)
+            self._forget()
 
     def _predict(self, batch: int) -> float:
         """The rank model's step time for ``batch``, or inf to rule it out.
 
         Inf when the size bounds (memory caps measured at run time) cannot hold ``batch``.
+        Predictions are kept until the rank model next takes a window (:meth:`_forget`).
         """
-        try:
-            return self.controller.predict_step_time(batch)[1]
-        except ValueError:
-            return math.inf
+        if batch not in self._predicted:
+            self._predict_many([batch])
+        return self._predicted[batch]
+
+    def _predict_many(self, batches: Sequence[int]) -> None:
+        """Predict the step times of several batches on one posterior of the size grid."""
+        ctl = self.controller
+        want, bounds = [], []
+        for b in dict.fromkeys(int(x) for x in batches):
+            if b in self._predicted:
+                continue
+            try:
+                bounds.append(ctl.bounds.arrays(b, ctl.world_size))
+            except ValueError:
+                self._predicted[b] = math.inf
+            else:
+                want.append(b)
+        for b, (_, t) in zip(want, best_plans_for(ctl.model, bounds, want)):
+            self._predicted[b] = t + self.overhead_s
+
+    def _forget(self) -> None:
+        """The rank model took a window: the predictions made before it are stale."""
+        self._predicted = {}
 
     def rank_model_summary(self) -> dict[str, list[float]]:
         """The controller's per-rank fitted rates and overheads."""
@@ -312,6 +404,7 @@ class ScalingDecider:
         )
         with self._lock:
             self.controller.load_state_dict(d["controller"])
+            self._forget()
             self.scaler.load_state_dict(d["scaler"])
             ch = c["change"]
             self._change = None if ch is None else (ch["batch"], ch["plan"], ch["baseline"])
