@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.core.plans.schedule import SizeBounds
+from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.saved import (
     StateError,
     field,
@@ -47,12 +47,65 @@ from lightning_rex.driver.protocols import Resumed
 __all__ = [
     "STATE_VERSION",
     "check_state",
+    "loop_state",
     "pending_from_state",
     "pending_to_state",
 ]
 
 STATE_VERSION = 2
 _INFO_KEYS = ("global_samples_per_s", "window_samples", "window_wall_s", "dropped_samples")
+
+
+def loop_state(
+    *,
+    run_id: str,
+    schedule: PlanSchedule,
+    skip_until: int,
+    exchange_at: int | None,
+    steps: Sequence[int],
+    window_plan: Plan | None,
+    partial: np.ndarray,
+    pending: list[dict[str, Any]],
+    dropped: int,
+    first_look: bool,
+    controller: Any,
+    rates: dict[str, list[float]],
+) -> dict[str, Any]:
+    """The window loop's checkpoint state, assembled (the module docstring's fields).
+
+    Args:
+        run_id: The fit's run id.
+        schedule: The plan schedule (its world size and base global batch are saved).
+        skip_until: The first step measured after a plan change.
+        exchange_at: The step of the next exchange, or None.
+        steps: The steps of the partial window.
+        window_plan: The partial window's plan, or None.
+        partial: Every rank's step times of the partial window (NaN where unread).
+        pending: The decisions not yet exchanged (:func:`pending_to_state`).
+        dropped: Samples dropped so far.
+        first_look: Whether the first look of the fit is still to come.
+        controller: The decider's state (rank 0), or None.
+        rates: Fitted rates per device identity.
+
+    Returns:
+        JSON-able data.
+    """
+    return {
+        "version": STATE_VERSION,
+        "run_id": run_id,
+        "world_size": schedule.world_size,
+        "global_batch": schedule.global_batch,
+        "skip_until": skip_until,
+        "exchange_at": exchange_at,
+        "steps": list(steps),
+        "window_plan": None if window_plan is None else list(window_plan),
+        "partial": [[None if not np.isfinite(x) else float(x) for x in r] for r in partial],
+        "pending": pending,
+        "dropped": dropped,
+        "first_look": first_look,
+        "controller": controller,
+        "device_rates": rates,
+    }
 
 
 def pending_to_state(entry: Pending) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import contextlib
 import math
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -31,8 +30,7 @@ from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.planner import device_rates, plan_from_device_rates
 from lightning_rex.core.plans.schedule import SizeBounds
-from lightning_rex.core.window import Window
-from lightning_rex.driver.checkpoint import STATE_VERSION, check_state, pending_to_state
+from lightning_rex.driver.checkpoint import check_state, loop_state, pending_to_state
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.errors import Failures
 from lightning_rex.driver.exchange import ExchangeMessage
@@ -40,6 +38,7 @@ from lightning_rex.driver.observer import BackgroundObserver, Pending
 from lightning_rex.driver.protocols import Collectives, Decider, PlanTarget
 from lightning_rex.driver.records import pending_record
 from lightning_rex.driver.scheduling import agreed_step
+from lightning_rex.driver.windows import usable_steps, window_of
 
 __all__ = ["WindowDriver"]
 
@@ -310,31 +309,12 @@ class WindowDriver:
     def _submit(self, times: np.ndarray, caps_col: np.ndarray, telemetry: Any) -> None:
         assert self.observer is not None and self._window_plan is not None
         k = times.shape[1]
-        ok = np.isfinite(times) & (times > 0)
-        good = ok.all(axis=0)
-        bad = int((~ok).sum())
-        if bad:
-            j, r = np.argwhere((~ok).T)[0]  # the earliest step first
-            self.dropped += bad
-            warnings.warn(
-                f"lightning-rex: {bad} step-time sample(s) were not finite positive seconds and "
-                f"were dropped with their steps (first: rank {int(r)}, step {self._steps[j]}, "
-                f"{times[r, j]!r}); {self.dropped} dropped so far",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        good, bad = usable_steps(times, self._steps, self.dropped)
+        self.dropped += bad
         if int(good.sum()) < self.config.min_steps:
             return
-        steps = [s for s, g in zip(self._steps, good) if g]
         wall = math.nan if self._resumed_window else self._clock() - self._t0
-        whole = bool(good.all()) and wall >= 0  # the wall covers every step of the window
-        window = Window(
-            times[:, good],
-            self._window_plan,
-            steps[0],
-            self._steps[-1] + 1,
-            wall if whole and math.isfinite(wall) else None,
-        )
+        window = window_of(times, self._window_plan, self._steps, good, wall)
         self._resumed_window = False
         samples = k * sum(self._window_plan)  # the true global count, not N x rank 0's
         info = {
@@ -456,23 +436,20 @@ class WindowDriver:
         rows[:, k] = self._flags()
         gathered = self.collectives.gather_rows(rows)
         self._check(gathered[:, k], "saving a checkpoint")
-        partial = [[None if not np.isfinite(x) else float(x) for x in r] for r in gathered[:, :k]]
-        return {
-            "version": STATE_VERSION,
-            "run_id": self.run_id,
-            "world_size": sched.world_size,
-            "global_batch": sched.global_batch,
-            "skip_until": self._skip_until,
-            "exchange_at": self._exchange_at,
-            "steps": list(self._steps),
-            "window_plan": None if self._window_plan is None else list(self._window_plan),
-            "partial": partial,
-            "pending": pending,
-            "dropped": self.dropped,
-            "first_look": self._first_look,
-            "controller": controller,
-            "device_rates": rates,
-        }
+        return loop_state(
+            run_id=self.run_id,
+            schedule=sched,
+            skip_until=self._skip_until,
+            exchange_at=self._exchange_at,
+            steps=self._steps,
+            window_plan=self._window_plan,
+            partial=gathered[:, :k],
+            pending=pending,
+            dropped=self.dropped,
+            first_look=self._first_look,
+            controller=controller,
+            rates=rates,
+        )
 
     def finish(self) -> None:
         """End of training (every rank): record what is left, agree that no rank failed.

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
@@ -203,6 +204,32 @@ class NoiseScale:
     def recent(self) -> list[tuple[float, float]]:
         """The last (at most 64) steps' raw ``(|G|^2, tr(Sigma))`` estimates, oldest first."""
         return list(self._recent)
+
+    def interval(self, confidence: float, min_steps: int) -> tuple[float, float] | None:
+        """The noise scale's one-sided ``confidence`` bounds from the recent raw estimates.
+
+        The means of the per-step ``|G|^2`` and ``tr(Sigma)`` estimates, each within ``z``
+        standard errors, give the smallest and the largest ratio; inf where ``|G|^2``'s
+        bound is not positive.
+
+        Args:
+            confidence: One-sided confidence of each bound (0.5 to 1).
+            min_steps: The fewest estimates to bound from (at least 2).
+
+        Returns:
+            ``(low, high)``, or None with fewer than ``min_steps`` recent estimates.
+        """
+        rows = np.asarray(self._recent, dtype=np.float64)
+        if rows.shape[0] < max(2, min_steps):
+            return None
+        m = rows.mean(axis=0)
+        se = rows.std(axis=0, ddof=1) / math.sqrt(rows.shape[0])
+        z = NormalDist().inv_cdf(confidence)
+        g_lo, g_hi = m[0] - z * se[0], m[0] + z * se[0]
+        s_lo, s_hi = max(0.0, m[1] - z * se[1]), max(0.0, m[1] + z * se[1])
+        low = s_lo / g_hi if g_hi > 0 else math.inf
+        high = s_hi / g_lo if g_lo > 0 else math.inf
+        return low, high
 
     @property
     def frozen(self) -> bool:
