@@ -191,3 +191,19 @@ def test_an_integer_too_long_to_convert_is_a_scenario_error(suffix, tmp_path, ca
     path.write_text('{"global_batch": ' + "9" * 5000 + "}")
     rc, _, err = run_cli(["--scenario", str(path)], capsys)
     assert rc == 2 and err.startswith("simulate:") and len(err.strip().splitlines()) == 1
+
+
+def test_progress_on_a_terminal_quiet_otherwise(capsys, monkeypatch):
+    # a 2-seed comparison tells a terminal how far it is (and what it runs) as it goes;
+    # a log, a pipe or --json gets nothing on stderr
+    import sys
+
+    argv = ["--scenario", "pair-3x", "--compare", "even", "--seeds", "0-1", "--steps", "60"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    rc, _, err = run_cli(argv, capsys)
+    assert rc == 0 and "simulate" in err and "4/4" in err and "seed 1, oracle" in err
+    rc, _, err = run_cli([*argv, "--json"], capsys)
+    assert rc == 0 and err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    rc, _, err = run_cli(argv, capsys)
+    assert rc == 0 and err == ""

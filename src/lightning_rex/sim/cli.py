@@ -145,6 +145,24 @@ def _seeds(spec: str) -> list[int]:
     return seeds
 
 
+def progress_bar(total: int, args: argparse.Namespace) -> Any:
+    """A progress bar of ``total`` runs on stderr, or a silent one.
+
+    Silent under ``--json`` and when stderr is not a terminal (a log, a pipe, CI).
+
+    Args:
+        total: The runs (seeds x policies).
+        args: The parsed arguments.
+
+    Returns:
+        A ``tqdm`` bar (``update``, ``set_postfix_str``, ``close``).
+    """
+    from tqdm import tqdm
+
+    quiet = bool(args.json) or not sys.stderr.isatty()
+    return tqdm(total=total, desc="simulate", unit="run", file=sys.stderr, disable=quiet)
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -225,7 +243,17 @@ def main(args: argparse.Namespace) -> int:
             print(f"simulate: cannot write the trace to {args.trace}: {e}", file=sys.stderr)
             return 2
 
+    seeds_run = [args.seed] if args.seeds is None else list(args.seeds)
+    bar = progress_bar(len(seeds_run) * len(names), args)
+
     def one(n: str, seed: int, oracle: Any) -> dict[str, Any]:
+        bar.set_postfix_str(f"seed {seed}, {n}")
+        try:
+            return _one(n, seed, oracle)
+        finally:
+            bar.update(1)
+
+    def _one(n: str, seed: int, oracle: Any) -> dict[str, Any]:
         if args.trace is None:
             return run(scen, n, seed, oracle=oracle, loop=loops[n]).to_dict()
         res, records = run_traced(scen, n, seed, oracle, loops[n])
@@ -236,6 +264,7 @@ def main(args: argparse.Namespace) -> int:
     if args.seeds is None:
         oracle = simulate(scen, OraclePolicy(scen), args.seed)
         res = {n: one(n, args.seed, oracle) for n in names}
+        bar.close()
         if args.trace is not None:
             path = write_summary(args.trace, scen, [args.seed], {n: [r] for n, r in res.items()})
             print(f"simulate: wrote the trace to {path.parent}", file=sys.stderr)
@@ -267,6 +296,7 @@ def main(args: argparse.Namespace) -> int:
         oracle = simulate(scen, OraclePolicy(scen), seed)
         for n in names:
             per[n].append(one(n, seed, oracle))
+    bar.close()
     if args.trace is not None:
         path = write_summary(args.trace, scen, seeds, per)
         print(f"simulate: wrote the trace to {path.parent}", file=sys.stderr)

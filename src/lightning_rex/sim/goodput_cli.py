@@ -84,6 +84,8 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
     Returns:
         The exit code: 0, or 2 for an option a workload scenario does not take.
     """
+    from lightning_rex.sim.cli import progress_bar  # (cli imports this module lazily)
+
     unsupported = [
         f"--{k.replace('_', '-')}"
         for k in ("trace", "warmup", "decision_lag")
@@ -98,7 +100,14 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
     seeds = [args.seed] if args.seeds is None else list(args.seeds)
-    per = {n: [run_goodput(scen, n, s, hindsight=hb).to_dict() for s in seeds] for n in names}
+    bar = progress_bar(len(seeds) * len(names), args)
+    per: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for s in seeds:
+        for n in names:
+            bar.set_postfix_str(f"seed {s}, {n}")
+            per[n].append(run_goodput(scen, n, s, hindsight=hb).to_dict())
+            bar.update(1)
+    bar.close()
     head = (
         f"scenario {scen.name}, {scen.world_size} ranks, global batch {scen.global_batch} at "
         f"the start, hindsight-best fixed batch {hb}"
