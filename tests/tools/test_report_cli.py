@@ -11,6 +11,7 @@ import json
 import shutil
 import struct
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,28 @@ def test_branches_resumed_from_one_checkpoint_are_drawn_apart(tmp_path, capsys):
     assert "resumed from</th><td>a (from step 0)" in pages["b"]
     # each branch is drawn after a's windows up to its own first one
     assert "<td>4 (steps 0-40)</td>" in pages["b"] and "<td>3 (steps 0-30)</td>" in pages["c"]
+
+
+@pytest.mark.parametrize("case", ["fifo", "device", "long-line", "too-large"])
+def test_any_input_is_read_in_bounded_memory_or_refused(tmp_path, capsys, monkeypatch, case):
+    import os
+
+    from lightning_rex.driver import records
+
+    log = tmp_path / "rex_decisions.jsonl"
+    if case == "fifo":  # would block forever on open
+        os.mkfifo(tmp_path / "pipe.jsonl")
+        argv, expect = [str(tmp_path / "pipe.jsonl")], "not a regular file"
+    elif case == "device":  # never ends, and has no newline
+        argv, expect = ["/dev/zero"], "not a regular file"
+    elif case == "long-line":  # one 3 MiB line and no newline: skipped, read in chunks
+        log.write_bytes(b"x" * (3 << 20))
+        argv, expect = [str(log)], "holds no window records"
+    else:
+        log.write_text(DATA.read_text())
+        monkeypatch.setattr(records, "MAX_LOG_BYTES", 1000)
+        argv, expect = [str(log)], "read up to 1,000 bytes"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc, stdout, err = run_report(argv, capsys)
+    assert rc == 2 and stdout == "" and expect in err

@@ -30,7 +30,20 @@ from typing import Any
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.window import Window
 
-__all__ = ["DECISION_CODES", "DecisionLog", "build_record", "pending_record", "window_metrics"]
+__all__ = [
+    "DECISION_CODES",
+    "MAX_LINE_BYTES",
+    "MAX_LOG_BYTES",
+    "DecisionLog",
+    "build_record",
+    "pending_record",
+    "window_metrics",
+]
+
+MAX_LOG_BYTES = 1 << 30
+"""The largest decision log read back (1 GiB; a run writes about 1 KB a window)."""
+MAX_LINE_BYTES = 1 << 20
+"""The longest line read as a record (1 MiB); a longer one is skipped, read in chunks."""
 
 DECISION_CODES = {"hold": 0, "propose": 1, "accept": 2, "rollback": 3, "recommend": 4, "skip": 5}
 
@@ -260,8 +273,10 @@ class DecisionLog:
         """Read a decision log back, line by line.
 
         A line that is not a JSON record (two records glued by runs writing at once, a
-        partial last line of a run killed while writing) is skipped and counted, with one
-        warning naming the lines; the records around it are kept.
+        partial last line of a run killed while writing, a line over
+        :data:`MAX_LINE_BYTES`) is skipped and counted, with one warning naming the lines;
+        the records around it are kept. Memory stays bounded: lines are read one at a time,
+        at most :data:`MAX_LINE_BYTES` at once.
 
         Args:
             path: The JSONL file (a missing file reads as empty).
@@ -272,16 +287,33 @@ class DecisionLog:
         p = Path(path)
         if not p.exists():
             return []
+        if not p.is_file():  # a FIFO would block, a device (/dev/zero) never ends
+            raise ValueError(f"{p}: not a regular file")
+        size = p.stat().st_size
+        if size > MAX_LOG_BYTES:
+            raise ValueError(
+                f"{p}: {size:,} bytes; a decision log is read up to {MAX_LOG_BYTES:,} bytes"
+            )
         out: list[dict[str, Any]] = []
         bad: list[int] = []
         with p.open("rb") as fh:
-            for i, raw in enumerate(fh, start=1):
+            i = 0
+            while True:
+                raw = fh.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    break
+                i += 1
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    while raw and not raw.endswith(b"\n"):  # skip the rest, a chunk at a time
+                        raw = fh.readline(MAX_LINE_BYTES)
+                    bad.append(i)
+                    continue
                 line = raw.strip()
                 if not line:
                     continue
                 try:
                     rec = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                except (UnicodeDecodeError, RecursionError, ValueError):  # JSONDecodeError too
                     rec = None
                 if isinstance(rec, dict):
                     out.append(rec)

@@ -114,7 +114,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _read_log(path: Path) -> list[dict[str, Any]]:
-    from lightning_rex.driver.records import DecisionLog
+    from lightning_rex.driver.records import DecisionLog  # (it streams, in bounded memory)
 
     try:
         records = DecisionLog.read(path)
@@ -223,6 +223,12 @@ def _load_one(p: Path, args: argparse.Namespace, out: Report) -> None:
     """Read one input into ``out`` (see :func:`load_inputs`)."""
     if not p.exists():
         raise ReportError(f"{p}: no such file or directory")
+    if not (p.is_dir() or p.is_file()):  # a FIFO would block, a device (/dev/zero) never ends
+        raise ReportError(f"{p}: not a regular file or directory")
+    from lightning_rex.driver.records import MAX_LOG_BYTES
+
+    if p.is_file() and p.suffix == ".json" and p.stat().st_size > MAX_LOG_BYTES:
+        raise ReportError(f"{p}: {p.stat().st_size:,} bytes; JSON is read up to {MAX_LOG_BYTES:,}")
     if p.is_dir() and (p / "summary.json").exists():
         _trace(p, args, out)
     elif p.is_dir():
