@@ -207,3 +207,13 @@ def test_progress_on_a_terminal_quiet_otherwise(capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     rc, _, err = run_cli(argv, capsys)
     assert rc == 0 and err == ""
+
+
+def test_the_table_fits_100_columns_and_wide_shows_every_metric(capsys):
+    for extra in ([], ["--seeds", "0-1"]):
+        argv = ["--scenario", "pair-3x", "--compare", "even,static,proportional", "--steps", "90"]
+        rc, out, _ = run_cli([*argv, *extra], capsys)
+        assert rc == 0 and max(len(line) for line in out.splitlines()) <= 100, out
+        assert "efficiency" in out or "eff_mean" in out
+        rc, wide, _ = run_cli([*argv, *extra, "--wide"], capsys)
+        assert rc == 0 and "decision_ms_p99" in wide and len(wide) > len(out)

@@ -38,6 +38,10 @@ def test_trace_writes_records_and_a_summary_that_agrees_with_json(tmp_path, caps
         assert d["aggregate"]["eff_mean"] == pytest.approx(printed["policies"][pol]["eff_mean"])
         lo, hi = d["eff_ci95"]
         assert lo <= d["eff_gmean"] <= hi
+        # one mean everywhere: the summary's (which the HTML draws) is the one printed
+        assert d["eff_mean"] == pytest.approx(printed["policies"][pol]["eff_mean"])
+        lo, hi = d["eff_mean_ci95"]
+        assert lo <= d["eff_mean"] <= hi
     # a second scenario merges into the directory's summary
     rc, _, _ = simulate(
         ["--scenario", "homogeneous-8", "--steps", "90", "--trace", str(tmp_path)], capsys

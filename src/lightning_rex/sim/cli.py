@@ -67,6 +67,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--seeds", type=_seeds, default=None, help="a seed set 'A-B' (inclusive): aggregates"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="print every metric (the default table fits 100 columns)",
+    )
     p.add_argument("--cv", type=float, default=None, help="override the noise CV")
     p.add_argument("--ar1", type=float, default=None, help="override the noise AR(1)")
     p.add_argument("--steps", type=int, default=None, help="override the run length")
@@ -112,6 +117,24 @@ def _policies(args: argparse.Namespace) -> list[str]:
         names.append("oracle")
     return names
 
+
+# the default tables' columns (100 characters wide); --wide prints every metric
+_SINGLE = [
+    "efficiency",
+    "steady_efficiency",
+    "rescales",
+    "rollbacks",
+    "false_rescales",
+    "decision_ms_p99",
+]
+_SEEDS = [
+    "eff_mean",
+    "eff_min",
+    "steady_eff_mean",
+    "rescales_mean",
+    "false_per_10k_steps",
+    "vs_rex",
+]
 
 _MAX_SEED = 2**32 - 1
 _MAX_SEEDS = 10_000
@@ -275,19 +298,23 @@ def main(args: argparse.Namespace) -> int:
                 f"scenario {scen.name}, seed {args.seed}, {scen.world_size} ranks, "
                 f"{scen.steps} steps"
             )
-            cols = [
-                "throughput",
-                "efficiency",
-                "steady_efficiency",
-                "time_to_90pct_windows",
-                "rescales",
-                "plan_changes",
-                "rollbacks",
-                "false_rescales",
-                "detection_delay_windows",
-                "decision_ms_p50",
-                "decision_ms_p99",
-            ]
+            cols = (
+                _SINGLE
+                if not args.wide
+                else [
+                    "throughput",
+                    "efficiency",
+                    "steady_efficiency",
+                    "time_to_90pct_windows",
+                    "rescales",
+                    "plan_changes",
+                    "rollbacks",
+                    "false_rescales",
+                    "detection_delay_windows",
+                    "decision_ms_p50",
+                    "decision_ms_p99",
+                ]
+            )
             print(_table(res, cols))
         return 0
     seeds = list(args.seeds)
@@ -313,5 +340,6 @@ def main(args: argparse.Namespace) -> int:
             f"scenario {scen.name}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), "
             f"{scen.world_size} ranks, {scen.steps} steps"
         )
-        print(_table(agg, list(next(iter(agg.values())).keys())))
+        cols = list(next(iter(agg.values())).keys())
+        print(_table(agg, cols if args.wide else [c for c in _SEEDS if c in cols]))
     return 0

@@ -33,6 +33,15 @@ _COLS = [
     "rollbacks",
     "decision_ms_p99",
 ]
+# the default tables (100 columns); --wide prints every metric
+_NARROW = ["time_to_target_s", "steps", "mean_batch", "batch_changes", "first_batch_change_step"]
+_NARROW_SEEDS = [
+    "time_to_target_mean",
+    "reached",
+    "mean_batch_mean",
+    "first_change_step_mean",
+    "rex_time_ratio",
+]
 
 
 def aggregate_goodput(rs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -119,7 +128,7 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
             print(json.dumps({**out, "policies": res}))
         else:
             print(f"{head}, seed {args.seed}")
-            print(fmt(res, _COLS))
+            print(fmt(res, _COLS if args.wide else _NARROW))
         return 0
     agg = {n: aggregate_goodput(rs) for n, rs in per.items()}
     if "rex" in per:  # rex's time over each policy's, paired by seed (runs that all reached)
@@ -139,5 +148,6 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
         print(json.dumps({**out, "policies": agg}))
     else:
         print(f"{head}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})")
-        print(fmt(agg, list(next(iter(agg.values())).keys())))
+        cols = list(next(iter(agg.values())).keys())
+        print(fmt(agg, cols if args.wide else [c for c in _NARROW_SEEDS if c in cols]))
     return 0

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-__all__ = ["aggregate", "paired_ratio"]
+__all__ = ["aggregate", "mean_interval", "paired_ratio"]
 
 
 def paired_ratio(
@@ -42,6 +42,23 @@ def paired_ratio(
         return math.exp(m), None, None
     half = float(stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
     return math.exp(m), math.exp(m - half), math.exp(m + half)
+
+
+def mean_interval(x: Sequence[float]) -> tuple[float, float | None]:
+    """The arithmetic mean of per-seed figures and the half-width of its 95% t-interval.
+
+    Args:
+        x: One figure per seed.
+
+    Returns:
+        ``(mean, half-width)``; the half-width is None for a single seed.
+    """
+    a = np.asarray(x, dtype=np.float64)
+    if a.size < 2:
+        return float(a.mean()), None
+    return float(a.mean()), float(
+        stats.t.ppf(0.975, a.size - 1) * a.std(ddof=1) / math.sqrt(a.size)
+    )
 
 
 def aggregate(rs: list[dict[str, Any]], steps: int) -> dict[str, Any]:

@@ -11,9 +11,11 @@ directory already holds, so several ``simulate --trace DIR`` invocations (one pe
 build up one comparison; ``DIR/<scenario>/summary.json`` holds that scenario's part alone. A
 scenario's summary has its ``steps``, ``world_size``, ``window``, ``global_batch``, ``seeds``
 and ``trace_dir`` (its folder's name under ``DIR``), and per policy: ``efficiency`` (per
-seed), ``limit_samples_per_s`` (per seed), ``eff_gmean`` with ``eff_ci95`` (the geometric
-mean of the per-seed efficiencies and its 95% Student-t interval, from
-:func:`~lightning_rex.sim.report.paired_ratio` against 1; None for a single seed) and
+seed), ``limit_samples_per_s`` (per seed), ``eff_mean`` with ``eff_mean_ci95`` (the
+arithmetic mean of the per-seed efficiencies, the ``eff_mean`` that ``simulate --seeds``
+prints, and its 95% Student-t interval; None for a single seed), ``eff_gmean`` with
+``eff_ci95`` (the geometric mean and its interval, from
+:func:`~lightning_rex.sim.report.paired_ratio` against 1) and
 ``aggregate`` (:func:`~lightning_rex.sim.report.aggregate`).
 """
 
@@ -27,7 +29,7 @@ from typing import Any
 
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.sim.engine import Trace
-from lightning_rex.sim.report import aggregate, paired_ratio
+from lightning_rex.sim.report import aggregate, mean_interval, paired_ratio
 from lightning_rex.sim.scenario import Scenario
 from lightning_rex.sim.scoring import SimResult, scored_run
 
@@ -177,9 +179,12 @@ def write_summary(
     for name, rs in results.items():
         eff = [float(r["efficiency"]) for r in rs]
         gmean, lo, hi = paired_ratio(eff, [1.0] * len(eff))
+        mean, half = mean_interval(eff)
         policies[name] = {
             "efficiency": eff,
             "limit_samples_per_s": [float(r["limit_throughput"]) for r in rs],
+            "eff_mean": mean,
+            "eff_mean_ci95": None if half is None else [mean - half, mean + half],
             "eff_gmean": gmean,
             "eff_ci95": None if lo is None else [lo, hi],
             "aggregate": aggregate(rs, scenario.steps),

@@ -18,10 +18,11 @@ marked) and ``throughput.png`` (global samples per second, against the limit whe
 records carry ``limit_samples_per_s``, as simulator traces do). A simulator trace directory
 (``simulate --trace DIR``) gives those plots per scenario, prefixed by the scenario's name,
 for ``--policy`` on ``--seed``, and ``comparison.png``: each policy's efficiency per scenario,
-the geometric mean over seeds with its 95% interval. ``simulate --json`` output gives the
-comparison without intervals (it keeps no per-seed figures; ``--trace`` does). With more than
-16 ranks, 16 are drawn over the band of all. ``index.html`` shows the plots with a summary
-and a table of the decisions other than hold. Exit code 2 for an input that cannot be read.
+the arithmetic mean over seeds (``eff_mean``) with its 95% interval. ``simulate --json``
+output gives the comparison without intervals (it keeps no per-seed figures; ``--trace``
+does). With more than 16 ranks, 16 are drawn over the band of all. ``index.html`` shows the
+plots with a summary and a table of the decisions other than hold. Exit code 2 for an input
+that cannot be read.
 """
 
 from __future__ import annotations
@@ -176,8 +177,12 @@ def _trace(root: Path, args: argparse.Namespace, out: Report) -> None:
         rows = {}
         for pol, d in s["policies"].items():
             if pol != "oracle":
-                lo, hi = d.get("eff_ci95") or (None, None)
-                rows[pol] = (float(d["eff_gmean"]), lo, hi)
+                if "eff_mean" in d:  # the mean simulate --seeds prints
+                    lo, hi = d.get("eff_mean_ci95") or (None, None)
+                    rows[pol] = (float(d["eff_mean"]), lo, hi)
+                else:  # a summary written before it was saved
+                    lo, hi = d.get("eff_ci95") or (None, None)
+                    rows[pol] = (float(d["eff_gmean"]), lo, hi)
         out.comparison.setdefault(name, {}).update(rows)
         seed = s["seeds"][0] if args.seed is None else args.seed
         traced = [n for n in s["policies"] if n != "oracle"]
@@ -192,8 +197,9 @@ def _trace(root: Path, args: argparse.Namespace, out: Report) -> None:
         else:  # e.g. LBB: it changes the plan every step, so no window completes
             out.notes.append(f"{name}: {policy} wrote no window records ({log}).")
     out.notes.append(
-        "Efficiency: throughput over the oracle's on the same seed; the point is the geometric"
-        " mean over seeds, the bar its 95% Student-t interval (none for one seed)."
+        "Efficiency: throughput over the oracle's on the same seed; the point is the"
+        " arithmetic mean over seeds (eff_mean, as simulate --seeds prints it), the bar its"
+        " 95% Student-t interval (none for one seed)."
     )
 
 
