@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning_rex.sim.progress import progress_bar
+
 __all__ = ["add_parser", "main"]
 
 POLICIES = ("even", "static", "proportional", "lbb", "omnilearn", "rex", "oracle")
@@ -166,24 +168,6 @@ def _seeds(spec: str) -> list[int]:
     if len(seeds) > _MAX_SEEDS:
         raise argparse.ArgumentTypeError(f"at most {_MAX_SEEDS:,} seeds, got {len(seeds):,}")
     return seeds
-
-
-def progress_bar(total: int, args: argparse.Namespace) -> Any:
-    """A progress bar of ``total`` runs on stderr, or a silent one.
-
-    Silent under ``--json`` and when stderr is not a terminal (a log, a pipe, CI).
-
-    Args:
-        total: The runs (seeds x policies).
-        args: The parsed arguments.
-
-    Returns:
-        A ``tqdm`` bar (``update``, ``set_postfix_str``, ``close``).
-    """
-    from tqdm import tqdm
-
-    quiet = bool(args.json) or not sys.stderr.isatty()
-    return tqdm(total=total, desc="simulate", unit="run", file=sys.stderr, disable=quiet)
 
 
 def _fmt(v: Any) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.sim.goodput import BATCH_POLICIES, hindsight_batch, run_goodput
+from lightning_rex.sim.progress import progress_bar
 from lightning_rex.sim.report import paired_ratio
 from lightning_rex.sim.scenario import Scenario
 
@@ -93,8 +94,6 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
     Returns:
         The exit code: 0, or 2 for an option a workload scenario does not take.
     """
-    from lightning_rex.sim.cli import progress_bar  # (cli imports this module lazily)
-
     unsupported = [
         f"--{k.replace('_', '-')}"
         for k in ("trace", "warmup", "decision_lag")
