@@ -167,6 +167,26 @@ def test_a_large_gain_is_taken_before_min_noise_steps_when_the_evidence_shows_it
     early = sc_after(12, noisy=False)
     assert early.noise.steps < early.config.min_noise_steps
     p = early.propose(B0, fixed_cost)
-    assert p is not None and B0 < p[0] <= 2 * B0  # the trust region: at most 2x a change
+    assert p is not None and p[0] > B0
     assert sc_after(12, noisy=True).propose(B0, fixed_cost) is None
     assert sc_after(5, noisy=False).propose(B0, fixed_cost) is None  # under 10 steps
+
+
+def test_a_far_optimum_is_reached_in_one_change_only_when_it_pays_a_lot():
+    # 60 ms of fixed cost and a huge noise scale: 64 -> several thousand pays several
+    # times over, so the proposal leaves the 2x trust region; with a small fixed cost the
+    # optimum is near and the step stays within 2x
+    def propose(overhead):
+        def t(batch):
+            return overhead + batch / RATE
+
+        sc = BatchScaler(GlobalBatchScaling(16, 4096, windows_between=1), B0, N)
+        feed_noise(sc, np.random.default_rng(0), steps=200)
+        sc.noise.update(2.0, 0.0, (16, 16, 16, 16))  # and |G|^2 estimates near 0
+        sc.record(B0, np.full(30, t(B0)), t(B0))
+        return sc.propose(B0, t)
+
+    far = propose(0.06)
+    assert far is not None and far[0] > 2 * B0 and far[1] >= 1.5
+    near = propose(0.004)
+    assert near is None or near[0] <= 2 * B0

@@ -51,7 +51,14 @@ from lightning_rex.core.stats.noninferiority import long_run_variance, non_infer
 if TYPE_CHECKING:  # torch loads when the scaler models goodput, not on import
     import torch
 
-__all__ = ["EARLY_STEPS", "STEP_LIMIT", "BatchScaler", "BatchVerdict", "GlobalBatchScaling"]
+__all__ = [
+    "EARLY_STEPS",
+    "FAR_GAIN",
+    "STEP_LIMIT",
+    "BatchScaler",
+    "BatchVerdict",
+    "GlobalBatchScaling",
+]
 
 
 _MAX_OBS = 64
@@ -68,7 +75,10 @@ def _log_time(seconds: float) -> float:
 
 
 STEP_LIMIT = 2.0
-"""The most one change multiplies or divides the global batch by."""
+"""The most one change multiplies or divides the global batch by, unless the posterior mean
+promises :data:`FAR_GAIN` beyond it."""
+FAR_GAIN = 1.5
+"""The predicted goodput gain that lets a change leave the trust region of :data:`STEP_LIMIT`."""
 EARLY_STEPS = 10
 """The fewest steps of noise estimates a change may rest on (a sequential test's start)."""
 
@@ -272,10 +282,19 @@ class BatchScaler:
         else:
             ucb = mean + self.config.beta * sd
         # a trust region: the rank model extrapolates poorly far from the sizes it has run,
-        # and a far trial that fails costs a whole window at a bad batch
-        near = (grid <= current * STEP_LIMIT) & (grid * STEP_LIMIT >= current)
-        best = int(np.argmax(np.where(near, ucb, -np.inf)))
+        # and a far trial that fails costs a whole window at a bad batch; a batch beyond it
+        # is taken only when its posterior mean promises FAR_GAIN (a far optimum is reached
+        # in one change, not in a climb of one validated doubling at a time)
         cur = int(np.flatnonzero(grid == current)[0])
+        near = (grid <= current * STEP_LIMIT) & (grid * STEP_LIMIT >= current)
+        far = int(np.argmax(mean))
+        if (
+            not near[far]
+            and math.isfinite(mean[far])
+            and mean[far] - mean[cur] >= math.log(FAR_GAIN)
+        ):
+            near = np.ones_like(near)
+        best = int(np.argmax(np.where(near, ucb, -np.inf)))
         if not (math.isfinite(mean[best]) and math.isfinite(mean[cur])):
             return None
         gain = math.exp(mean[best] - mean[cur])
