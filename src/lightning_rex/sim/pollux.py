@@ -100,7 +100,6 @@ class PolluxPolicy(PolicyBase):
         self._g = self._s = self._w = 0.0
         self._clock = 0.0
         self._next = _PERIOD_S
-        self._pending: Plan | None = None
         self.base = info.global_batch
         self.batch = info.global_batch
         self.rollbacks = 0
