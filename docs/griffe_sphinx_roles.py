@@ -23,6 +23,7 @@ _SKIP = (
     "lightning_rex.tools.bench",
     "lightning_rex.tools.report",
     "lightning_rex.tools.plots",
+    "lightning_rex.tools.windows",
 )
 
 

@@ -396,6 +396,8 @@ class WindowDriver:
         )
         if note:
             record["reason"] = f"{record['reason']}; {note}"
+        if len(self.device_keys) == len(record["plan"]):  # labels the report's legends
+            record["devices"] = list(self.device_keys)
         self.records.append(record)
         if self._on_record is not None:
             self._on_record(record)

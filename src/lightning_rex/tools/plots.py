@@ -1,20 +1,25 @@
 """The report's figures: matplotlib on the headless Agg canvas (no pyplot, no display).
 
 Every figure is ``FIGSIZE`` inches at ``DPI`` (so ``FIGSIZE * DPI`` pixels) and is written as
-a PNG. Window figures take a :class:`Windows` (the records of one run as arrays, ranks
-padded with NaN where a record's plan is shorter, so a run whose world size or global batch
-changed still plots); with more than ``MAX_RANK_LINES`` ranks, a figure draws that many
-ranks (spread over the ranks ordered by mean compute time, the fastest and slowest
-included) over the min/median/max band of all of them.
+a PNG. Window figures take a :class:`~lightning_rex.tools.windows.Windows` (one run's records
+as arrays).
+
+Ranks that would draw the same line are drawn once:
+:func:`~lightning_rex.tools.windows.rank_groups` puts ranks of one device (where the records
+name it), with the same plan throughout and mean compute times within ``GROUP_TOLERANCE`` of
+each other, in one group, drawn as its median line over its min-max band and labelled with
+the device and the ranks (``A100: ranks 0-2``). With more than ``MAX_RANK_LINES`` groups, a
+figure draws that many (spread over the groups ordered by mean compute time, the fastest and
+slowest included) over the min/median/max band of all ranks. In the p-value figure each
+proposal's marker says which test started it
+(:func:`~lightning_rex.tools.windows.proposal_cause`): only a proposal on a single window's
+imbalance has to sit below alpha.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +28,40 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from lightning_rex.tools.windows import (
+    GROUP_TOLERANCE,
+    MAX_RANK_LINES,
+    PROPOSAL_CAUSES,
+    Windows,
+    device_label,
+    labelled_groups,
+    nan_matrix,
+    pick_ranks,
+    proposal_cause,
+    quiet_numpy,
+    rank_groups,
+)
+
 __all__ = [
     "DPI",
     "FIGSIZE",
+    "GROUP_TOLERANCE",
     "MAX_RANK_LINES",
+    "PROPOSAL_CAUSES",
     "Windows",
+    "device_label",
     "pick_ranks",
     "plot_comparison",
     "plot_compute",
     "plot_plan",
     "plot_pvalues",
     "plot_throughput",
+    "proposal_cause",
+    "rank_groups",
 ]
 
 DPI = 100
 FIGSIZE = (10.0, 4.5)
-MAX_RANK_LINES = 16
 P_FLOOR = 1e-12
 VLINE = {"rollback": ("tab:red", "--")}  # plan-change lines; others: grey dotted
 STYLE = {  # decision -> (colour, marker)
@@ -47,96 +70,6 @@ STYLE = {  # decision -> (colour, marker)
     "rollback": ("tab:red", "v"),
     "recommend": ("tab:purple", "s"),
 }
-
-
-def _matrix(rows: Sequence[Sequence[float | None] | None], width: int) -> np.ndarray:
-    out = np.full((len(rows), width), np.nan)
-    for i, row in enumerate(rows):
-        for j, v in enumerate(row or []):
-            out[i, j] = np.nan if v is None else float(v)
-    return out
-
-
-def _vector(values: Sequence[Any]) -> np.ndarray:
-    return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
-
-
-@dataclass
-class Windows:
-    """The records of one run as arrays, one row per window.
-
-    Attributes:
-        step: Each window's end step, shape ``(W,)``.
-        median_ms: Per-rank median compute time, ``(W, N)``, NaN where a rank is absent.
-        p_values: Per-rank p-values, ``(W, N)``, NaN where the record has none.
-        throughput: Global samples per second, ``(W,)``, NaN where unknown.
-        limit: The limit throughput (simulator runs), ``(W,)``, NaN where unknown.
-        decisions: Each window's decision.
-        plans: ``(first step, plan)`` of every plan in force, in order.
-        changes: ``(effective step, decision)`` of every applied plan change.
-    """
-
-    step: np.ndarray
-    median_ms: np.ndarray
-    p_values: np.ndarray
-    throughput: np.ndarray
-    limit: np.ndarray
-    decisions: list[str]
-    plans: list[tuple[int, list[int]]]
-    changes: list[tuple[int, str]]
-
-    @classmethod
-    def from_records(cls, records: Sequence[Mapping[str, Any]]) -> Windows:
-        """Build the arrays from window records (``rex_decisions.jsonl`` lines).
-
-        Args:
-            records: One run's records, in order.
-
-        Returns:
-            The arrays.
-        """
-        n = max([len(r["plan"]) for r in records] + [1])
-        plans: list[tuple[int, list[int]]] = []
-        changes: list[tuple[int, str]] = []
-        for r in records:
-            timeline = [(int(r["window"][0]), list(r["plan"]))]
-            if r.get("effective_step") is not None and r.get("new_plan") is not None:
-                changes.append((int(r["effective_step"]), str(r["decision"])))
-                timeline.append((int(r["effective_step"]), list(r["new_plan"])))
-            for st, plan in timeline:
-                if not plans or (plan != plans[-1][1] and st >= plans[-1][0]):
-                    plans.append((st, plan))
-        return cls(
-            step=_vector([r["step"] for r in records]),
-            median_ms=_matrix([r["median_ms"] for r in records], n),
-            p_values=_matrix([r.get("p_values") for r in records], n),
-            throughput=_vector([r.get("global_samples_per_s") for r in records]),
-            limit=_vector([r.get("limit_samples_per_s") for r in records]),
-            decisions=[str(r["decision"]) for r in records],
-            plans=plans,
-            changes=changes,
-        )
-
-
-def pick_ranks(median_ms: np.ndarray, max_lines: int = MAX_RANK_LINES) -> list[int]:
-    """The ranks to draw as lines: all of them, or ``max_lines`` spread over the ranks.
-
-    Args:
-        median_ms: Per-rank values, shape ``(W, N)`` (NaN allowed).
-        max_lines: The most lines.
-
-    Returns:
-        Rank indices, ascending: with more ranks than ``max_lines``, ranks at evenly spaced
-        positions of the order by mean value (the fastest and the slowest included).
-    """
-    n = median_ms.shape[1]
-    if n <= max_lines:
-        return list(range(n))
-    with _quiet():
-        mean = np.nanmean(np.where(np.isfinite(median_ms), median_ms, np.nan), axis=0)
-    order = np.argsort(np.nan_to_num(mean, nan=-np.inf), kind="stable")
-    idx = np.unique(np.linspace(0, n - 1, max_lines).round().astype(int))
-    return sorted(int(order[i]) for i in idx)
 
 
 def _figure(title: str) -> tuple[Figure, Axes]:
@@ -175,13 +108,17 @@ def _mark_changes(ax: Axes, w: Windows) -> None:
         ax.axvline(st, color=colour, ls=ls, lw=1.2, label=label)
 
 
-def _rank_lines(
-    ax: Axes, x: np.ndarray, y: np.ndarray, ranks: Sequence[int], step: bool = False
-) -> None:
-    """Lines of ``ranks``, over the band of all ranks when some are left out."""
+def _rank_lines(ax: Axes, x: np.ndarray, y: np.ndarray, w: Windows, step: bool = False) -> None:
+    """One line per group of equal ranks (its band behind it).
+
+    With more groups than ``MAX_RANK_LINES``, some are left out, over the band of all ranks.
+    """
     kw: dict[str, Any] = {"drawstyle": "steps-post"} if step else {}
-    if len(ranks) < y.shape[1]:
-        with _quiet():
+    groups = labelled_groups(w)
+    if len(groups) > MAX_RANK_LINES:
+        keep = set(pick_ranks(w.median_ms[:, [g.ranks[0] for g in groups]]))
+        groups = [g for i, g in enumerate(groups) if i in keep]
+        with quiet_numpy():
             lo, mid, hi = np.nanmin(y, 1), np.nanmedian(y, 1), np.nanmax(y, 1)
         ax.fill_between(
             x,
@@ -193,16 +130,17 @@ def _rank_lines(
             step="post" if step else None,
         )
         ax.plot(x, mid, color="k", ls="--", lw=1.2, label="median rank", **kw)
-    for i, r in enumerate(ranks):
-        ax.plot(x, y[:, r], lw=1.0, color=_colour(i, len(ranks)), label=f"rank {r}", **kw)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence numpy's warnings on all-NaN slices in a block."""
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
+    for i, g in enumerate(groups):
+        colour = _colour(i, len(groups))
+        sub = y[:, g.ranks]
+        if len(g.ranks) > 1:
+            with quiet_numpy():
+                lo, line, hi = np.nanmin(sub, 1), np.nanmedian(sub, 1), np.nanmax(sub, 1)
+            if np.any(hi > lo):
+                ax.fill_between(x, lo, hi, color=colour, alpha=0.2, step="post" if step else None)
+        else:
+            line = sub[:, 0]
+        ax.plot(x, line, lw=1.0, color=colour, label=g.label, **kw)
 
 
 def _empty(ax: Axes, text: str) -> None:
@@ -221,7 +159,7 @@ def plot_compute(w: Windows, path: str | Path, title: str = "") -> Path:
         ``path``.
     """
     fig, ax = _figure(f"{title}compute time per rank (window median)")
-    _rank_lines(ax, w.step, w.median_ms, pick_ranks(w.median_ms))
+    _rank_lines(ax, w.step, w.median_ms, w)
     _mark_changes(ax, w)
     ax.set_xlabel("step (window end)")
     ax.set_ylabel("compute time [ms]")
@@ -257,8 +195,8 @@ def plot_plan(w: Windows, path: str | Path, end_step: float, title: str = "") ->
         ax.set_xlabel("step")
     ax.set_title(f"{title}plan: micro-batch per rank", fontsize=11)
     ax.grid(True, alpha=0.3)
-    y = _matrix([*rows, rows[-1]], w.median_ms.shape[1])
-    _rank_lines(ax, x, y, pick_ranks(w.median_ms), step=True)
+    y = nan_matrix([*rows, rows[-1]], w.median_ms.shape[1])
+    _rank_lines(ax, x, y, w, step=True)
     _mark_changes(ax, w)
     ax.set_ylabel("micro-batch [samples]")
     _legend(ax)
@@ -282,40 +220,46 @@ def plot_pvalues(w: Windows, path: str | Path, alpha: float, title: str = "") ->
     tested = np.isfinite(p).any(axis=1)
     ax.set_yscale("log")
     if tested.any():
-        ranks = pick_ranks(w.median_ms)
-        for i, r in enumerate(ranks):
-            ok = np.isfinite(p[:, r])
+        groups = labelled_groups(w)
+        if len(groups) > MAX_RANK_LINES:
+            keep = set(pick_ranks(w.median_ms[:, [g.ranks[0] for g in groups]]))
+            groups = [g for i, g in enumerate(groups) if i in keep]
+        for i, g in enumerate(groups):
+            with quiet_numpy():
+                pg = np.nanmin(p[:, g.ranks], axis=1)
+            ok = np.isfinite(pg)
             if ok.any():
                 ax.plot(
                     w.step[ok],
-                    p[ok, r],
+                    pg[ok],
                     ".",
                     ms=4,
                     alpha=0.7,
-                    color=_colour(i, len(ranks)),
-                    label=f"rank {r}",
+                    color=_colour(i, len(groups)),
+                    label=g.label,
                 )
-        with _quiet():
+        with quiet_numpy():
             low = np.nanmin(p[tested], axis=1)
         ax.plot(w.step[tested], low, "-", color="k", lw=1.0, label="min over ranks")
     else:
         _empty(ax, "no p-values in these records")
     ax.axhline(alpha, color="tab:red", ls="--", lw=1.5, label=f"alpha = {alpha:g}")
-    for kind, (colour, marker) in STYLE.items():
-        at = [i for i, d in enumerate(w.decisions) if d == kind]
-        if at:
-            with _quiet():
-                y = [np.nanmin(p[i]) if np.isfinite(p[i]).any() else 1.0 for i in at]
-            ax.scatter(
-                w.step[at],
-                y,
-                s=60,
-                color=colour,
-                marker=marker,
-                zorder=3,
-                edgecolors="k",
-                label=kind,
-            )
+    marks: dict[tuple[str, str, str], list[int]] = {}  # (label, colour, marker) -> windows
+    for i, d in enumerate(w.decisions):
+        if d not in STYLE:
+            continue
+        colour, marker = STYLE[d]
+        label = d
+        if d in ("propose", "recommend"):
+            text, marker = PROPOSAL_CAUSES[proposal_cause(w.reasons[i] if w.reasons else "")]
+            label = text.replace("propose", d, 1)
+        marks.setdefault((label, colour, marker), []).append(i)
+    for (label, colour, marker), at in marks.items():
+        with quiet_numpy():
+            y = [np.nanmin(p[i]) if np.isfinite(p[i]).any() else 1.0 for i in at]
+        ax.scatter(
+            w.step[at], y, s=60, color=colour, marker=marker, zorder=3, edgecolors="k", label=label
+        )
     ax.set_ylim(max(P_FLOOR, min(alpha, float(np.nanmin(p)) if tested.any() else 1.0) / 3), 2.0)
     ax.set_xlabel("step (window end)")
     ax.set_ylabel("p-value")

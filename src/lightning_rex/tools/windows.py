@@ -1,0 +1,291 @@
+"""The report's data: a run's window records as arrays, and which ranks draw one line.
+
+:class:`Windows` holds one run's records as arrays (ranks padded with NaN where a record's plan
+is shorter, so a run whose world size or global batch changed still plots), each rank's device
+(the records' ``devices``) and each window's reason. :func:`rank_groups` finds the ranks that
+would draw the same line, :func:`pick_ranks` the ranks to draw when there are too many, and
+:func:`proposal_cause` the test behind each proposal. :mod:`lightning_rex.tools.plots` draws
+them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "GROUP_TOLERANCE",
+    "MAX_RANK_LINES",
+    "PROPOSAL_CAUSES",
+    "Group",
+    "Windows",
+    "device_label",
+    "labelled_groups",
+    "nan_matrix",
+    "pick_ranks",
+    "proposal_cause",
+    "quiet_numpy",
+    "rank_groups",
+]
+
+MAX_RANK_LINES = 16
+"""The most rank lines (or groups) a figure draws."""
+GROUP_TOLERANCE = 0.1
+"""Ranks of one device and plan are drawn as one group when their mean compute times differ
+by less than this fraction."""
+
+PROPOSAL_CAUSES = {  # cause -> (legend text, marker)
+    "cold start": ("propose: cold start (kinds pooled)", "^"),
+    "persistent": ("propose: persistent (windows pooled)", ">"),
+    "refined": ("propose: refines an accept", "<"),
+    "bounds": ("propose: size bounds (no test)", "D"),
+    "other": ("propose", "^"),
+}
+"""How the p-value figure marks each kind of proposal: a proposal's test is not always the
+single window's p-value drawn there (see :func:`proposal_cause`)."""
+
+
+def nan_matrix(rows: Sequence[Sequence[float | None] | None], width: int) -> np.ndarray:
+    """Rows of values as a ``(len(rows), width)`` array, NaN where a row is short or None.
+
+    Args:
+        rows: The rows (None for a missing row; None entries are NaN).
+        width: The columns.
+
+    Returns:
+        The array.
+    """
+    out = np.full((len(rows), width), np.nan)
+    for i, row in enumerate(rows):
+        for j, v in enumerate(row or []):
+            out[i, j] = np.nan if v is None else float(v)
+    return out
+
+
+def _vector(values: Sequence[Any]) -> np.ndarray:
+    return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+@dataclass
+class Windows:
+    """The records of one run as arrays, one row per window.
+
+    Attributes:
+        step: Each window's end step, shape ``(W,)``.
+        median_ms: Per-rank median compute time, ``(W, N)``, NaN where a rank is absent.
+        p_values: Per-rank p-values, ``(W, N)``, NaN where the record has none.
+        throughput: Global samples per second, ``(W,)``, NaN where unknown.
+        limit: The limit throughput (simulator runs), ``(W,)``, NaN where unknown.
+        decisions: Each window's decision.
+        plans: ``(first step, plan)`` of every plan in force, in order.
+        changes: ``(effective step, decision)`` of every applied plan change.
+        reasons: Each window's reason (empty where the record has none).
+        devices: Each rank's device label (:func:`device_label`), None where unknown.
+    """
+
+    step: np.ndarray
+    median_ms: np.ndarray
+    p_values: np.ndarray
+    throughput: np.ndarray
+    limit: np.ndarray
+    decisions: list[str]
+    plans: list[tuple[int, list[int]]]
+    changes: list[tuple[int, str]]
+    reasons: list[str] = dataclasses.field(default_factory=list)
+    devices: list[str | None] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def from_records(cls, records: Sequence[Mapping[str, Any]]) -> Windows:
+        """Build the arrays from window records (``rex_decisions.jsonl`` lines).
+
+        Args:
+            records: One run's records, in order.
+
+        Returns:
+            The arrays.
+        """
+        n = max([len(r["plan"]) for r in records] + [1])
+        plans: list[tuple[int, list[int]]] = []
+        changes: list[tuple[int, str]] = []
+        for r in records:
+            timeline = [(int(r["window"][0]), list(r["plan"]))]
+            if r.get("effective_step") is not None and r.get("new_plan") is not None:
+                changes.append((int(r["effective_step"]), str(r["decision"])))
+                timeline.append((int(r["effective_step"]), list(r["new_plan"])))
+            for st, plan in timeline:
+                if not plans or (plan != plans[-1][1] and st >= plans[-1][0]):
+                    plans.append((st, plan))
+        return cls(
+            step=_vector([r["step"] for r in records]),
+            median_ms=nan_matrix([r["median_ms"] for r in records], n),
+            p_values=nan_matrix([r.get("p_values") for r in records], n),
+            throughput=_vector([r.get("global_samples_per_s") for r in records]),
+            limit=_vector([r.get("limit_samples_per_s") for r in records]),
+            decisions=[str(r["decision"]) for r in records],
+            plans=plans,
+            changes=changes,
+            reasons=[str(r.get("reason") or "") for r in records],
+            devices=_devices(records, n),
+        )
+
+
+def device_label(key: Any) -> str | None:
+    """A record's device key as a legend label: the simulator's ``sim:`` prefix dropped.
+
+    Args:
+        key: One entry of a record's ``devices``.
+
+    Returns:
+        The label, or None for an unknown or unlabelled device (``None``, ``""``, ``"sim"``).
+    """
+    if not isinstance(key, str) or key in ("", "sim"):
+        return None
+    return key.removeprefix("sim:") or None
+
+
+def _devices(records: Sequence[Mapping[str, Any]], n: int) -> list[str | None]:
+    """Each rank's device from the last record that names as many devices as ranks."""
+    for r in reversed(records):
+        keys = r.get("devices")
+        if isinstance(keys, list) and len(keys) == n:
+            return [device_label(k) for k in keys]
+    return [None] * n
+
+
+def proposal_cause(reason: str) -> str:
+    """Which test started a proposal, from its record's reason.
+
+    Args:
+        reason: The record's ``reason``.
+
+    Returns:
+        A key of :data:`PROPOSAL_CAUSES`.
+    """
+    if "refined" in reason:
+        return "refined"
+    if "cold start" in reason:
+        return "cold start"
+    if "persistent" in reason:
+        return "persistent"
+    if "size bounds" in reason:
+        return "bounds"
+    return "other"
+
+
+def _ranges(ranks: Sequence[int], most: int = 3) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``; beyond ``most`` runs, ``0, 5, 10, ... (64 ranks)``."""
+    out: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    if len(out) > most:
+        return f"{', '.join(out[:most])}, ... ({len(ranks)} ranks)"
+    return ", ".join(out)
+
+
+@dataclass
+class Group:
+    """Ranks drawn as one line.
+
+    Attributes:
+        ranks: The ranks, ascending.
+        label: The legend label.
+    """
+
+    ranks: list[int]
+    label: str
+
+
+def rank_groups(w: Windows, tolerance: float = GROUP_TOLERANCE) -> list[list[int]]:
+    """Ranks that draw the same line: one device, one plan throughout, near-equal times.
+
+    Args:
+        w: The run's windows.
+        tolerance: The largest relative difference of mean compute time within a group.
+
+    Returns:
+        Groups of ranks, each ascending, ordered by their first rank; ranks the records do
+        not group stay alone.
+    """
+    n = w.median_ms.shape[1]
+    plans = nan_matrix([p for _, p in w.plans] or [[]], n)
+    devices = w.devices if len(w.devices) == n else [None] * n
+    with quiet_numpy():
+        mean = np.nanmean(w.median_ms, axis=0) if len(w.step) else np.full(n, np.nan)
+    groups: list[list[int]] = []
+    for r in range(n):
+        for g in groups:
+            first = g[0]
+            same_plan = np.array_equal(plans[:, first], plans[:, r], equal_nan=True)
+            a, b = mean[first], mean[r]
+            near = (np.isnan(a) and np.isnan(b)) or bool(
+                abs(a - b) <= tolerance * max(abs(a), abs(b))
+            )
+            if devices[first] == devices[r] and same_plan and near:
+                g.append(r)
+                break
+        else:
+            groups.append([r])
+    return groups
+
+
+def labelled_groups(w: Windows) -> list[Group]:
+    """The groups of :func:`rank_groups`, labelled: ``rank 3 (A100)``, ``A100: ranks 0-2``.
+
+    Args:
+        w: The run's windows.
+
+    Returns:
+        The groups, ordered by their first rank.
+    """
+    n = w.median_ms.shape[1]
+    devices = w.devices if len(w.devices) == n else [None] * n
+    out = []
+    for g in rank_groups(w):
+        dev = devices[g[0]]
+        if len(g) == 1:
+            label = f"rank {g[0]}" + (f" ({dev})" if dev else "")
+        else:
+            label = (f"{dev}: " if dev else "") + f"ranks {_ranges(g)}"
+        out.append(Group(g, label))
+    return out
+
+
+def pick_ranks(median_ms: np.ndarray, max_lines: int = MAX_RANK_LINES) -> list[int]:
+    """The ranks to draw as lines: all of them, or ``max_lines`` spread over the ranks.
+
+    Args:
+        median_ms: Per-rank values, shape ``(W, N)`` (NaN allowed).
+        max_lines: The most lines.
+
+    Returns:
+        Rank indices, ascending: with more ranks than ``max_lines``, ranks at evenly spaced
+        positions of the order by mean value (the fastest and the slowest included).
+    """
+    n = median_ms.shape[1]
+    if n <= max_lines:
+        return list(range(n))
+    with quiet_numpy():
+        mean = np.nanmean(np.where(np.isfinite(median_ms), median_ms, np.nan), axis=0)
+    order = np.argsort(np.nan_to_num(mean, nan=-np.inf), kind="stable")
+    idx = np.unique(np.linspace(0, n - 1, max_lines).round().astype(int))
+    return sorted(int(order[i]) for i in idx)
+
+
+@contextlib.contextmanager
+def quiet_numpy() -> Iterator[None]:
+    """Silence numpy's warnings on all-NaN slices in a block."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
