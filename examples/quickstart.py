@@ -1,26 +1,30 @@
 """Quick start: what ``strategy="rex"`` does for a cluster with one slow rank.
 
 Two CPU ranks train the same model on the same global batch (64 samples a step); rank 1 is
-emulated 3x slower, as a V100 beside an A100 would be. Three runs of each are interleaved:
+emulated 3x slower, as a V100 beside an A100 would be. First a short scan times a few static
+plans and keeps the fastest; then rounds of three runs are interleaved:
 
 * ``ddp``: Lightning's DDP, both ranks get 32 samples, the fast rank waits every step;
 * ``rex``: your script with ``strategy="rex"`` and nothing else: it starts from the same even
   plan, measures each rank, and moves samples to the fast rank once a test says the
   imbalance is real;
-* ``best static plan``: ``RexStrategy(micro_batch_sizes=[50, 14], adaptive=False)``, the plan
-  you would pick if you knew the speeds in advance (the best rex can hope for).
+* ``best static plan``: ``RexStrategy(micro_batch_sizes=..., adaptive=False)`` with the
+  fastest plan of the scan, the plan you would pick if you knew the speeds in advance (the
+  best rex can hope for).
 
 In your own script the change is two lines::
 
     import lightning_rex  # registers the "rex" strategy
     trainer = L.Trainer(devices=2, strategy="rex")  # was strategy="ddp"
 
-Run it (about 4 minutes on two cores; ``--repeat 5`` for a tighter median)::
+Run it (about 5 minutes on two cores; ``--repeat 5`` for a tighter median)::
 
-    python examples/quickstart.py [--repeat 3] [--steps 300]
+    python examples/quickstart.py
+    python examples/quickstart.py --repeat 5 --steps 300
 
-The throughputs are medians over the repeats, with their range: on a shared machine one run
-can be 10% off, so no single run is quoted.
+The figures that hold under load are the ratios: rex/ddp and rex/static are taken within
+each round (three runs back to back, under the same load) and reported as their median over
+the rounds with their range. Throughputs alone move with the machine's load.
 """
 
 from __future__ import annotations
@@ -29,12 +33,17 @@ import argparse
 import logging
 import statistics
 import sys
+import time
 import warnings
 from typing import Any
 
 from lightning_rex.tools import bench, bench_cli
 
 STRATEGIES = {"ddp": "ddp", "rex": "rex (adaptive)", "rex-static": "best static plan"}
+SCAN = (10, 12, 14, 16, 18)
+"""Rank 1's micro-batch in the static plans the scan times (rank 0 gets the rest of 64)."""
+SCAN_STEPS = 90
+"""Steps of each scan run (the first 30 untimed)."""
 
 
 def quiet() -> None:
@@ -44,64 +53,153 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def bar(done: int, total: int, run: dict[str, Any]) -> None:
-    width = 30
-    filled = width * done // total
-    label = f"{STRATEGIES[run['strategy']]}: {run['samples_per_s']:.0f} samples/s"
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:40s}")
-    if done == total:
+class Progress:
+    """A bar over every step of every run, with an ETA, on stderr.
+
+    Args:
+        runs: ``(label, steps)`` of every run, in order.
+    """
+
+    def __init__(self, runs: list[tuple[str, int]]) -> None:
+        self.runs = runs
+        self.total = sum(n for _, n in runs)
+        self.start = time.monotonic()  # system-wide: the forked ranks read the same clock
+
+    def step(self, run: int, done: int) -> None:
+        """Draw the bar (called in rank 0's process after each step).
+
+        Args:
+            run: The run's index.
+            done: Steps done in that run.
+        """
+        if done % 5 and done != self.runs[run][1]:
+            return
+        steps = sum(n for _, n in self.runs[:run]) + done
+        frac = steps / self.total
+        elapsed = time.monotonic() - self.start
+        eta = f"{(elapsed / frac - elapsed) / 60:4.1f} min left" if frac > 0.02 else "..."
+        width = 30
+        filled = int(width * frac)
+        label = f"run {run + 1}/{len(self.runs)} {self.runs[run][0]}, step {done}"
+        sys.stderr.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {frac:4.0%} {label:38s} {eta}"
+        )
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        """End the bar's line."""
         sys.stderr.write("\n")
-    sys.stderr.flush()
+        sys.stderr.flush()
 
 
-def summary(result: dict[str, Any]) -> list[str]:
+def _args(cmd: str, steps: int, repeat: int) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_cli.add_parser(parser.add_subparsers())
+    return parser.parse_args([*cmd.split(), "--steps", str(steps), "--repeat", str(repeat)])
+
+
+def scan(progress: Progress) -> tuple[list[int], dict[tuple[int, ...], float]]:
+    """Time each static plan of ``SCAN`` once.
+
+    Args:
+        progress: The bar (the scan's runs come first in it).
+
+    Returns:
+        The fastest plan, and the samples/s of every plan.
+    """
+    rates: dict[tuple[int, ...], float] = {}
+    for i, small in enumerate(SCAN):
+        plan = [64 - small, small]
+        cmd = "bench --compare rex-static --slowdowns 1,3 --micro-batch-sizes " + (
+            f"{plan[0]},{plan[1]}"
+        )
+        res = bench.run_benchmark(
+            _args(cmd, SCAN_STEPS, 1),
+            progress=lambda *_: None,
+            on_step=lambda _, done, i=i: progress.step(i, done),
+        )
+        rates[tuple(plan)] = float(res["runs"][0]["samples_per_s"])
+    best = max(rates, key=lambda p: rates[p])
+    return list(best), rates
+
+
+def _spread(values: list[float]) -> str:
+    return f"x{statistics.median(values):.2f} (range x{min(values):.2f}-x{max(values):.2f})"
+
+
+def summary(result: dict[str, Any], plan: list[int], scanned: int) -> list[str]:
+    """The demo's report: throughputs, then the ratios paired within each round.
+
+    Args:
+        result: :func:`~lightning_rex.tools.bench.run_benchmark`'s result.
+        plan: The static plan the runs used.
+        scanned: How many static plans the scan timed.
+
+    Returns:
+        The lines to print.
+    """
     by: dict[str, list[dict[str, Any]]] = {}
     for r in result["runs"]:
         by.setdefault(r["strategy"], []).append(r)
-    ddp = statistics.median(r["samples_per_s"] for r in by["ddp"])
     lines = []
     for name, runs in by.items():
         rates = [r["samples_per_s"] for r in runs]
-        med = statistics.median(rates)
-        line = (
-            f"{STRATEGIES[name]:17s} {med:7.0f} samples/s (range {min(rates):.0f}-{max(rates):.0f})"
-            f"  x{med / ddp:.2f} of ddp"
-        )
+        label = STRATEGIES[name] + (f" {plan}" if name == "rex-static" else "")
+        line = f"{label:25s} {statistics.median(rates):6.0f} samples/s"
+        line += f" (runs {min(rates):.0f}-{max(rates):.0f})"
         if name == "rex":
             plans = [tuple(r["plan"]) for r in runs]
             first = [r["first_accept_step"] for r in runs if r.get("first_accept_step") is not None]
-            line += f"; plan found {max(set(plans), key=plans.count)}"
+            line += f"; plan found {list(max(set(plans), key=plans.count))}"
             if first:
                 line += f" by step {statistics.median(first):.0f}"
         lines.append(line)
-    rex, static = (
-        statistics.median(r["samples_per_s"] for r in by[k]) for k in ("rex", "rex-static")
-    )
-    lines.append(
-        f"rex reached x{rex / static:.2f} of the best static plan, starting from the even plan "
-        "(its first windows run at ddp's speed)"
-    )
+    rounds = len(result["ratios"])
+    rex_static = [a / b for a, b in zip(result["ratios"], result["ratios_rex_static"])]
+    lines += [
+        f"paired within each of {rounds} rounds (median, range):",
+        f"  rex / ddp                 {_spread(result['ratios'])}",
+        f"  best static plan / ddp    {_spread(result['ratios_rex_static'])}",
+        f"  rex / best static plan    {_spread(rex_static)}"
+        " (rex starts from the even plan: its first windows run at ddp's speed)",
+        f"the static plan {plan} is the fastest of {scanned} timed by the scan",
+    ]
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeat", type=int, default=3, help="interleaved runs of each (default 3)")
+    p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     a = p.parse_args(argv)
     if a.steps <= 60:
         p.error("--steps must be above 60: 30 warm-up steps are not timed, and rex needs windows")
+    if a.repeat < 1:
+        p.error("--repeat must be at least 1")
     quiet()
-    parser = argparse.ArgumentParser()
-    bench_cli.add_parser(parser.add_subparsers())
-    cmd = "bench --compare ddp,rex,rex-static --adaptive --slowdowns 1,3 --micro-batch-sizes 50,14"
-    args = parser.parse_args([*cmd.split(), "--steps", str(a.steps), "--repeat", str(a.repeat)])
-    print(
-        f"2 CPU ranks, rank 1 emulated 3x slower, global batch 64, {a.steps} steps a run, "
-        f"{a.repeat} runs each (interleaved)"
+    compare = ["ddp", "rex", "rex-static"]
+    order = [n for rep in range(a.repeat) for n in (compare if rep % 2 == 0 else compare[::-1])]
+    progress = Progress(
+        [(f"scan {[64 - s, s]}", SCAN_STEPS) for s in SCAN] + [(n, a.steps) for n in order]
     )
-    result = bench.run_benchmark(args, progress=bar)
-    print("\n".join(summary(result)))
+    print(
+        f"2 CPU ranks, rank 1 emulated 3x slower, global batch 64; a scan of {len(SCAN)} "
+        f"static plans, then {a.repeat} rounds of ddp, rex and the best static plan, "
+        f"{a.steps} steps a run"
+    )
+    best, rates = scan(progress)
+    cmd = (
+        "bench --compare ddp,rex,rex-static --adaptive --slowdowns 1,3 "
+        f"--micro-batch-sizes {best[0]},{best[1]}"
+    )
+    result = bench.run_benchmark(
+        _args(cmd, a.steps, a.repeat),
+        progress=lambda *_: None,
+        on_step=lambda run, done: progress.step(len(SCAN) + run, done),
+    )
+    progress.close()
+    print("scan: " + ", ".join(f"{list(k)} {v:.0f}" for k, v in rates.items()) + " samples/s")
+    print("\n".join(summary(result, best, len(SCAN))))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing as mp
 import os
@@ -92,3 +93,23 @@ def test_pin_rank_pins_to_the_ranks_own_core() -> None:
         p.join()
         assert affinity == expect
         assert pinned == (world <= len(cpus))
+
+
+def test_steps_are_reported_from_inside_each_run(tmp_path) -> None:
+    """Progress within a run: rank 0's process calls ``on_step`` after every step."""
+    from lightning_rex.tools import bench, bench_cli
+
+    parser = argparse.ArgumentParser()
+    bench_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        "bench --compare ddp,rex-static --slowdowns 1,2 --steps 6 --warmup 1".split()
+    )
+    log = tmp_path / "steps.txt"
+
+    def on_step(run: int, done: int) -> None:  # runs in the forked rank 0
+        with log.open("a") as f:
+            f.write(f"{run} {done}\n")
+
+    bench.run_benchmark(args, progress=lambda *_: None, on_step=on_step)
+    seen = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    assert seen == [(run, step) for run in (0, 1) for step in range(1, 7)]

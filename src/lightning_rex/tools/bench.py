@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -90,10 +91,23 @@ class BenchModel(L.LightningModule):
 
 
 class _StepTimer(L.Callback):
-    """Times synchronous steps on rank 0 and writes the measurements to a JSON file."""
+    """Times synchronous steps on rank 0 and writes the measurements to a JSON file.
 
-    def __init__(self, out: str, warmup: int, threads: int, pin: bool = False) -> None:
+    ``on_step`` is called on rank 0 after every step with the steps done: the ranks are
+    forked processes, so it runs in rank 0's process (writing to the inherited stderr works;
+    state set in it does not reach the parent).
+    """
+
+    def __init__(
+        self,
+        out: str,
+        warmup: int,
+        threads: int,
+        pin: bool = False,
+        on_step: Callable[[int], None] | None = None,
+    ) -> None:
         self.out, self.warmup, self.threads, self.pin = out, warmup, threads, pin
+        self.on_step = on_step
         self.steps: list[tuple[int, float, float, int]] = []  # (step, start, end, samples)
         self._t = 0.0
 
@@ -120,6 +134,8 @@ class _StepTimer(L.Callback):
         sizes = strategy.current_batch_sizes() if isinstance(strategy, RexStrategy) else None
         samples = sum(sizes) if sizes else PER_RANK_BATCH * trainer.world_size
         self.steps.append((step, self._t, time.perf_counter(), samples))
+        if self.on_step is not None and trainer.global_rank == 0:
+            self.on_step(step + 1)
 
     def _rate(self, first_step: int) -> float:
         kept = [s for s in self.steps if s[0] >= first_step]
@@ -189,7 +205,10 @@ def pin_rank(rank: int, world_size: int) -> bool:
 
 
 def _run_once(
-    strategy_name: str, args: argparse.Namespace, plan: list[int] | None
+    strategy_name: str,
+    args: argparse.Namespace,
+    plan: list[int] | None,
+    on_step: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     devices = args.devices
     steps = args.steps
@@ -204,7 +223,7 @@ def _run_once(
         strategy: Any
         callbacks: list[L.Callback] = [
             HeterogeneityEmulator(args.slowdowns, args.events),
-            _StepTimer(out, args.warmup, args.threads, pin=args.pin),
+            _StepTimer(out, args.warmup, args.threads, pin=args.pin, on_step=on_step),
         ]
         if strategy_name == "ddp":
             strategy = "ddp_fork"
@@ -249,6 +268,7 @@ def default_plan(slowdowns: Sequence[float], devices: int) -> list[int]:
 def run_benchmark(
     args: argparse.Namespace,
     progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run every strategy of ``args.compare`` ``args.repeat`` times, interleaved.
 
@@ -256,6 +276,8 @@ def run_benchmark(
         args: The parsed command line (see :func:`~lightning_rex.tools.bench_cli.add_parser`).
         progress: Called after every run with ``(runs done, runs in all, the run)``; by
             default a line per run goes to stderr.
+        on_step: Called in rank 0's (forked) process after every step with ``(runs done
+            before this one, steps done in this run)``, for progress within a run.
 
     Returns:
         ``{"runs": [...], "ratio_rex_over_ddp": float}`` (the ratio only when both ran), plus
@@ -269,7 +291,8 @@ def run_benchmark(
         # machine's speed does not favour whichever strategy runs first
         order = args.compare if rep % 2 == 0 else list(reversed(args.compare))
         for name in order:
-            res = _run_once(name, args, plan)
+            step_cb = None if on_step is None else functools.partial(on_step, len(runs))
+            res = _run_once(name, args, plan, step_cb)
             runs.append({"strategy": name, "repeat": rep, **res})
             if progress is not None:
                 progress(len(runs), args.repeat * len(args.compare), runs[-1])
