@@ -30,6 +30,8 @@ the rounds with their range. Throughputs alone move with the machine's load.
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import logging
 import statistics
 import sys
@@ -98,6 +100,10 @@ def _args(cmd: str, steps: int, repeat: int) -> argparse.Namespace:
     return parser.parse_args([*cmd.split(), "--steps", str(steps), "--repeat", str(repeat)])
 
 
+def _scan_step(progress: Progress, index: int, _run: int, done: int) -> None:
+    progress.step(index, done)
+
+
 def scan(progress: Progress) -> tuple[list[int], dict[tuple[int, ...], float]]:
     """Time each static plan of ``SCAN`` once.
 
@@ -116,7 +122,7 @@ def scan(progress: Progress) -> tuple[list[int], dict[tuple[int, ...], float]]:
         res = bench.run_benchmark(
             _args(cmd, SCAN_STEPS, 1),
             progress=lambda *_: None,
-            on_step=lambda _, done, i=i: progress.step(i, done),
+            on_step=functools.partial(_scan_step, progress, i),
         )
         rates[tuple(plan)] = float(res["runs"][0]["samples_per_s"])
     best = max(rates, key=lambda p: rates[p])
@@ -148,9 +154,10 @@ def summary(result: dict[str, Any], plan: list[int], scanned: int) -> list[str]:
         line = f"{label:25s} {statistics.median(rates):6.0f} samples/s"
         line += f" (runs {min(rates):.0f}-{max(rates):.0f})"
         if name == "rex":
-            plans = [tuple(r["plan"]) for r in runs]
+            plans = [tuple(int(b) for b in r["plan"]) for r in runs]
             first = [r["first_accept_step"] for r in runs if r.get("first_accept_step") is not None]
-            line += f"; plan found {list(max(set(plans), key=plans.count))}"
+            common = collections.Counter(plans).most_common(1)[0][0]
+            line += f"; plan found {list(common)}"
             if first:
                 line += f" by step {statistics.median(first):.0f}"
         lines.append(line)

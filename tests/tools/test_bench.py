@@ -102,7 +102,17 @@ def test_steps_are_reported_from_inside_each_run(tmp_path) -> None:
     parser = argparse.ArgumentParser()
     bench_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(
-        "bench --compare ddp,rex-static --slowdowns 1,2 --steps 6 --warmup 1".split()
+        [
+            "bench",
+            "--compare",
+            "ddp,rex-static",
+            "--slowdowns",
+            "1,2",
+            "--steps",
+            "6",
+            "--warmup",
+            "1",
+        ]
     )
     log = tmp_path / "steps.txt"
 
