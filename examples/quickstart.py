@@ -46,6 +46,8 @@ SCAN = (10, 12, 14, 16, 18)
 """Rank 1's micro-batch in the static plans the scan times (rank 0 gets the rest of 64)."""
 SCAN_STEPS = 90
 """Steps of each scan run (the first 30 untimed)."""
+RUN_START = 50
+"""A run's start (fork, Lightning's setup) in steps' worth of time, for the ETA."""
 
 
 def quiet() -> None:
@@ -64,7 +66,7 @@ class Progress:
 
     def __init__(self, runs: list[tuple[str, int]]) -> None:
         self.runs = runs
-        self.total = sum(n for _, n in runs)
+        self.total = sum(n + RUN_START for _, n in runs)
         self.start = time.monotonic()  # system-wide: the forked ranks read the same clock
 
     def step(self, run: int, done: int) -> None:
@@ -76,7 +78,7 @@ class Progress:
         """
         if done % 5 and done != self.runs[run][1]:
             return
-        steps = sum(n for _, n in self.runs[:run]) + done
+        steps = sum(n + RUN_START for _, n in self.runs[:run]) + RUN_START + done
         frac = steps / self.total
         elapsed = time.monotonic() - self.start
         eta = f"{(elapsed / frac - elapsed) / 60:4.1f} min left" if frac > 0.02 else "..."

@@ -57,7 +57,9 @@ def test_the_demo_reports_ratios_paired_within_rounds_and_names_its_static_plan(
 def test_the_demos_bar_counts_steps_across_runs(capsys):
     demo = load("quickstart")
     bar = demo.Progress([("scan", 10), ("ddp", 30)])
-    bar.step(1, 15)  # 10 + 15 of 40 steps
+    bar.step(1, 15)  # 10 + 15 of 40 steps, each run's start worth RUN_START steps
     bar.close()
     err = capsys.readouterr().err
-    assert "62%" in err and "run 2/2 ddp, step 15" in err
+    start = demo.RUN_START
+    assert f"{(10 + 2 * start + 15) / (40 + 2 * start):4.0%}" in err
+    assert "run 2/2 ddp, step 15" in err
