@@ -1,10 +1,14 @@
 """The price of a new shape, floors from rolled-back plans, and the settings behind them."""
 
+import math
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from lightning_rex.core.decide.controller import Controller
 from lightning_rex.core.decide.controller_state import ControllerState
+from lightning_rex.core.decide.pricing import rollback_floors
 from lightning_rex.core.plans.proposal import recent_sizes, with_floors
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.core.window import Window
@@ -71,3 +75,44 @@ def test_a_small_gain_that_does_not_pay_for_its_shapes_is_held():
 def test_shape_settings_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         DecisionSettings(**{field: value})
+
+
+def _old_rollback_floors(model, state, window, back):
+    """The floors as first written: each moved rank's floor on each of its kin."""
+    sd = math.sqrt(float(model.rel_var[-1]))
+    level = np.asarray(state.reference or window.medians, dtype=np.float64)
+    out = []
+    for r, (b, m) in enumerate(zip(window.plan, window.medians)):
+        if b == back[r]:
+            continue
+        jumped = b > back[r] and m / level[r] > b / back[r] * (1 + 2 * sd)
+        start = back[r] + 1 if jumped else b
+        kin = np.flatnonzero((model.group == model.group[r]) & (np.asarray(back) == back[r]))
+        out += [[int(q), int(start), float(m * level[q] / level[r]) * (1 - 2 * sd)] for q in kin]
+    return out
+
+
+@pytest.mark.parametrize("n", [8, 64, 4096])
+def test_rollback_floors_are_one_per_rank_and_start_and_bound_the_same_curves(n):
+    """Grouped floors bound the curves as the rank-by-rank ones did, in O(N) floors."""
+    rng = np.random.default_rng(n)
+    group = rng.integers(0, 3, n)  # the index of the rank each pools with: 3 kinds
+    model = SimpleNamespace(rel_var=[0.01], group=group)
+    back = tuple(int(x) for x in rng.integers(8, 12, n))
+    plan = tuple(int(b + rng.integers(-2, 4)) for b in back)
+    reference = rng.uniform(0.05, 0.1, n)
+    times = (reference * np.asarray(plan) / np.asarray(back))[:, None] * rng.uniform(
+        0.9, 1.4, (n, 5)
+    )
+    window = Window(times, plan, 0, 5)
+    state = SimpleNamespace(reference=reference.tolist())
+    new = rollback_floors(model, state, window, back)
+    assert len({(q, b) for q, b, _ in new}) == len(new)  # one floor per rank and start
+    assert len(new) <= n * 6  # starts: at most the 6 sizes a rank can move to or from
+    if n <= 64:  # the rank-by-rank floors (quadratic: skipped at 4096)
+        sizes = np.arange(1, 20)
+        curves = np.tile(0.01 * sizes, (n, 1))
+        old = _old_rollback_floors(model, state, window, back)
+        np.testing.assert_allclose(
+            with_floors(curves, sizes, new), with_floors(curves, sizes, old), rtol=1e-12
+        )

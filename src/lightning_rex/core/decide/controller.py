@@ -55,7 +55,7 @@ from lightning_rex.core.window import Window
 __all__ = ["Controller", "Decision"]
 
 _MAX_FLOORS = 256
-"""The most floors from rolled-back plans kept (the oldest go first)."""
+"""The most floors from rolled-back plans kept, or 4 per rank if more (the oldest go first)."""
 
 
 class Controller:
@@ -424,7 +424,8 @@ class Controller:
         if j.outcome == "rollback":
             back = st.previous
             assert back is not None
-            st.floors = (st.floors + rollback_floors(self.model, st, window, back))[-_MAX_FLOORS:]
+            keep = max(_MAX_FLOORS, 4 * self.world_size)
+            st.floors = (st.floors + rollback_floors(self.model, st, window, back))[-keep:]
             return decide("rollback", st.roll_back(), j.reason, predicted)
         st.accept(window.medians.tolist(), st.trial, window.times.tolist())
         if sig.imbalanced and j.ratio < 1.0:

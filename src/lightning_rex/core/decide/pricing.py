@@ -83,13 +83,29 @@ def rollback_floors(
     """
     sd = math.sqrt(float(model.rel_var[-1]))
     level = np.asarray(state.reference or window.medians, dtype=np.float64)
-    group = model.group
-    out = []
-    for r, (b, m) in enumerate(zip(window.plan, window.medians)):
-        if b == back[r]:
-            continue  # nothing new was measured on this rank
-        jumped = b > back[r] and m / level[r] > b / back[r] * (1 + 2 * sd)
-        start = back[r] + 1 if jumped else b
-        kin = np.flatnonzero((group == group[r]) & (np.asarray(back) == back[r]))
-        out += [[int(q), int(start), float(m * level[q] / level[r]) * (1 - 2 * sd)] for q in kin]
-    return out
+    plan = np.asarray(window.plan, dtype=np.int64)
+    before = np.asarray(back, dtype=np.int64)
+    med = np.asarray(window.medians, dtype=np.float64)
+    moved = np.flatnonzero(plan != before)  # nothing new was measured on the others
+    if not moved.size:
+        return []
+    jumped = (plan > before) & (med / level > plan / np.maximum(before, 1) * (1 + 2 * sd))
+    start = np.where(jumped, before + 1, plan)
+    # One floor per (rank, start): a rank's kin (its device group, the same size before
+    # the trial) share every start measured among them, at the largest level measured
+    # there relative to the rank that measured it (what with_floors would keep anyway).
+    # Grouped, not rank by rank: 4096 ranks of one kind would give 16 million floors.
+    kind = np.unique(np.stack([np.asarray(model.group), before]), axis=1, return_inverse=True)[1]
+    kind = np.asarray(kind).reshape(-1)
+    rel: dict[tuple[int, int], float] = {}
+    for r in moved.tolist():
+        key = (int(kind[r]), int(start[r]))
+        rel[key] = max(rel.get(key, -math.inf), float(med[r] / level[r]))
+    starts: dict[int, list[tuple[int, float]]] = {}
+    for (k, b), x in sorted(rel.items()):
+        starts.setdefault(k, []).append((b, x))
+    return [
+        [q, b, float(x * level[q]) * (1 - 2 * sd)]
+        for q in range(plan.size)
+        for b, x in starts.get(int(kind[q]), [])
+    ]

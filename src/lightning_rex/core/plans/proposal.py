@@ -104,9 +104,10 @@ def best_plans_for(
         return []
     g = max(int(np.max(hi)) for _, hi in bounds)
     mean, _ = model.predict_grid(np.arange(1, g + 1))
+    env = np.maximum.accumulate(mean, axis=1)  # what water_fill plans on, once for all
     out = []
     for (lo, hi), b in zip(bounds, batches):
-        plan = water_fill(mean[:, : int(np.max(hi))], int(b), lo, hi)
+        plan = water_fill(env[:, : int(np.max(hi))], int(b), lo, hi, monotone=True)
         out.append((plan, float(mean[np.arange(len(plan)), np.asarray(plan) - 1].max())))
     return out
 

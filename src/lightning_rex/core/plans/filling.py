@@ -1,0 +1,183 @@
+"""Water-filling: the integer plan that minimises the largest predicted time of any rank.
+
+:func:`water_fill` finds, on each rank's predicted time curve, the smallest level ``T`` with
+``sum_r b_r(T) >= B``, where ``b_r(T)`` is the largest size in ``[lo_r, hi_r]`` whose
+running maximum of predicted time is ``<= T``: the ``k``-th smallest time among the sizes the
+bounds allow (``k = B - sum lo``), found exactly with one partial sort. The samples left over
+at that level go to the ranks in order of their time at their next size.
+
+The plan is lexicographically minimax. When a rank's time at its *minimum* size already
+sets the level (a rank slower at ``lo`` than the others can ever be), the level is forced:
+every rank whose time at its minimum is that level gets what is free at it, and the rest are
+water-filled again, so that they stay balanced among themselves. The ranks are taken in
+order of their time at their minimum, slowest first; whether the level is still forced after
+``g`` groups of them is monotone in ``g``, so the last forced group is found by bisection
+over the groups. A plan costs ``O(N G log N)`` for ``N`` ranks and ``G`` sizes, against
+``O(N^2 G)`` for one group at a time (4096 ranks: milliseconds, not seconds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightning_rex.core.plans.plan import Plan
+
+__all__ = ["water_fill"]
+
+
+def water_fill(
+    curves: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray, monotone: bool = False
+) -> Plan:
+    """The integer plan minimising ``max_r curves[r, b_r - 1]`` under ``sum b = total``.
+
+    Args:
+        curves: Predicted times, shape ``(N, G)``; column ``j`` is size ``j + 1``. Must
+            cover every size up to ``hi.max()``.
+        total: The global batch ``B``.
+        lo: Per-rank minimum sizes, shape ``(N,)``.
+        hi: Per-rank maximum sizes, shape ``(N,)``.
+        monotone: The curves are already their running maxima along each row (the
+            envelope this plans on), so that plans for several batches share them.
+
+    Returns:
+        The plan, a tuple of ints summing to ``total`` within the bounds.
+
+    Raises:
+        ValueError: If the bounds cannot hold ``total`` or the grid is too short.
+    """
+    g = curves.shape[1]
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    if int(hi.max()) > g:
+        raise ValueError(f"curves cover sizes up to {g}, but a bound allows {int(hi.max())}")
+    if int(lo.sum()) > total or int(hi.sum()) < total:
+        raise ValueError(
+            f"bounds sum to [{int(lo.sum())}, {int(hi.sum())}], not containing {total}"
+        )
+    env = np.asarray(curves, dtype=np.float64)
+    if not monotone:
+        env = np.maximum.accumulate(env, axis=1)
+    return tuple(int(x) for x in _lexicographic(env, int(total), lo, hi))
+
+
+def _fill(env: np.ndarray, level: float | np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Each rank's largest size in ``[lo, hi]`` whose time is at most ``level``."""
+    return np.clip(_count(env, level), lo, hi)
+
+
+def _count(env: np.ndarray, level: float | np.ndarray) -> np.ndarray:
+    """How many of each row's leading entries are at most ``level`` (scalar or per row).
+
+    ``env`` rises along each row (NaN only at a row's end), so those entries are a prefix:
+    a branch-free bisection over the columns, all rows at once, in ``O(N log G)``.
+    """
+    n, g = env.shape
+    flat = env.reshape(-1)
+    base = np.arange(n, dtype=np.int64) * g - 1
+    at = np.broadcast_to(np.asarray(level, dtype=np.float64).reshape(-1), (n,))
+    count = np.zeros(n, dtype=np.int64)
+    step = 1 << (g.bit_length() - 1) if g else 0
+    while step:
+        longer = count + step
+        ok = longer <= g
+        ok &= flat.take(base + np.minimum(longer, g)) <= at
+        count = np.where(ok, longer, count)
+        step >>= 1
+    return count
+
+
+def _lexicographic(env: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The plan: the forced groups, slowest at their minimum first, then one free level."""
+    n = env.shape[0]
+    at_lo = env[np.arange(n), lo - 1]
+    order = np.argsort(-at_lo, kind="stable")
+    levels = at_lo[order]
+    starts = np.flatnonzero(np.r_[True, levels[1:] != levels[:-1]])
+    m = starts.size
+    ends = np.r_[starts[1:], n]
+    own = _fill(env, at_lo[:, None], lo, hi)  # each rank's share at its own level
+    got = np.add.reduceat(own[order], starts)  # per group, when forced
+    lo_g = np.add.reduceat(lo[order], starts)
+    before = np.r_[0, np.cumsum(got)[:-1]]  # given to the groups before, all forced
+    lo_before = np.r_[0, np.cumsum(lo_g)[:-1]]
+    lo_after = int(lo.sum()) - lo_before - lo_g
+    remaining = total - before
+
+    def still_forced(k: int) -> bool:
+        # the ranks left hold the remaining samples at the level of group k
+        held = int(_fill(env, levels[starts[k]], lo, hi).sum()) - int(lo_before[k])
+        return held >= int(remaining[k])
+
+    # A forced group whose share leaves the later groups less than their minimums
+    # ("limited") ends the forcing: it takes what is left above their minimums.
+    limited = np.flatnonzero(got[:-1] > (remaining - lo_after)[:-1])
+    last = int(limited[0]) if limited.size else m - 1
+    a, b = 0, last + 1  # the first group that is not forced, by bisection (monotone)
+    while a < b:
+        mid = (a + b) // 2
+        if still_forced(mid):
+            a = mid + 1
+        else:
+            b = mid
+    plan = lo.copy()
+    done = order[: starts[min(a, last)]]
+    plan[done] = own[done]
+    if a <= last:  # group a is free: water-fill the ranks left at one level
+        rest = np.sort(order[starts[a] :])
+        top = hi[rest]
+        if a > 0:  # no rank left above its size at the last forced level
+            top = np.minimum(top, _fill(env[rest], levels[starts[a - 1]], lo[rest], hi[rest]))
+        plan[rest] = _level(env[rest], int(remaining[a]), lo[rest], top)
+        return plan
+    group = np.sort(order[starts[last] : ends[last]])
+    if last == m - 1:  # every rank is forced: spread what is left over the slowest
+        plan[group] = _share(own[group], lo[group], int(remaining[last]))
+        return plan
+    take = int(remaining[last]) - int(lo_after[last])  # limited: the later groups get lo
+    room = own[group] - lo[group]
+    spare = take - int(lo[group].sum())
+    cum = np.cumsum(room)
+    plan[group] = lo[group] + np.clip(spare - (cum - room), 0, room)
+    return plan
+
+
+def _level(env: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Water-filling at one level: the ``k``-th smallest time among the allowed sizes."""
+    k = total - int(lo.sum())
+    if k <= 0:
+        return lo.copy()
+    g = env.shape[1]
+    sizes = np.arange(1, g + 1)
+    allowed = env[(sizes[None, :] > lo[:, None]) & (sizes[None, :] <= hi[:, None])]
+    level = float(np.partition(allowed, k - 1)[k - 1])
+    b_hi = _fill(env, level, lo, hi)
+    below = np.nextafter(level, -np.inf)  # the entries strictly below the level
+    b = np.minimum(_fill(env, below, lo, hi), b_hi)
+    deficit = total - int(b.sum())
+    if deficit > 0:  # the ranks whose next size is at the level, by their time there
+        extra = b_hi - b
+        nxt = env[np.arange(env.shape[0]), np.minimum(b, g - 1)]
+        order = np.argsort(nxt, kind="stable")
+        ex = extra[order]
+        cum = np.cumsum(ex)
+        b[order] += np.clip(deficit - (cum - ex), 0, ex)
+    return b
+
+
+def _share(cap: np.ndarray, lo: np.ndarray, total: int) -> np.ndarray:
+    """Give ``total`` to ranks between ``lo`` and ``cap``, spreading evenly."""
+    b = lo.copy()
+    spare = total - int(b.sum())
+    while spare > 0:
+        room = cap - b
+        open_ = np.flatnonzero(room > 0)
+        if open_.size == 0:
+            break
+        step = max(1, spare // open_.size)
+        add = np.minimum(room[open_], step)
+        if int(add.sum()) > spare:
+            add = np.minimum(add, 1)
+            add[np.cumsum(add) > spare] = 0
+        b[open_] += add
+        spare -= int(add.sum())
+    return b

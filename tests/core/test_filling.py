@@ -1,0 +1,57 @@
+"""Water-filling: the same plans as the first, quadratic loop, on any curves, at any scale."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.core.reference_water_fill import water_fill as reference
+
+from lightning_rex.core.plans.filling import water_fill
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """Curves with flats and ties (tiles, equal ranks, forced levels), bounds and a batch."""
+    n = draw(st.integers(1, 9))
+    g = draw(st.integers(1, 24))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(["affine", "tiles", "integers", "flat-then-steep"]))
+    sizes = np.arange(1, g + 1)
+    if kind == "affine":
+        curves = rng.uniform(0, 1, (n, 1)) + rng.uniform(0.01, 1, (n, 1)) * sizes
+    elif kind == "tiles":
+        tile = rng.choice([1, 2, 4, 8], size=(n, 1))
+        curves = rng.uniform(0, 1, (n, 1)) + np.ceil(sizes / tile) * tile * rng.uniform(0.1, 1)
+    elif kind == "integers":  # many exact ties, non-monotone
+        curves = rng.integers(0, 6, (n, g)).astype(float)
+    else:  # slow ranks whose minimum already sets the level: the lexicographic phase
+        over = rng.choice([0.0, 1.0, 5.0, 9.0], size=(n, 1))
+        curves = over + np.maximum(sizes - rng.integers(1, g + 1, (n, 1)), 0) * 0.5
+    hi = rng.integers(1, g + 1, n)
+    lo = np.minimum(rng.integers(1, 3, n), hi)
+    total = draw(st.integers(int(lo.sum()), int(hi.sum())))
+    return curves, total, lo, hi
+
+
+@settings(max_examples=400, deadline=None)
+@given(problems())
+def test_the_same_plans_as_the_reference(problem):
+    curves, total, lo, hi = problem
+    assert water_fill(curves, total, lo, hi) == reference(curves, total, lo, hi)
+
+
+def test_4096_ranks_with_forced_levels_match_the_reference():
+    """Flat curves to a knee and memory caps: most ranks forced, the reference's slow case."""
+    rng = np.random.default_rng(1)
+    n, g = 512, 160
+    kinds = rng.choice(3, n)
+    rate = np.array([2600.0, 1400.0, 450.0])[kinds] * rng.uniform(0.95, 1.05, n)
+    knee = np.array([24, 16, 8])[kinds]
+    cap = np.array([160, 64, 32])[kinds]
+    sizes = np.arange(1, g + 1)
+    curves = 0.006 + np.maximum(sizes, knee[:, None]) / rate[:, None]
+    lo, hi = np.ones(n, dtype=np.int64), cap
+    for total in (n, 4 * n, 16 * n, int(hi.sum()) - 7, int(hi.sum())):
+        assert water_fill(curves, total, lo, hi) == reference(curves, total, lo, hi)
