@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.core.reference_water_fill import water_fill as reference
 
-from lightning_rex.core.plans.filling import water_fill
+from lightning_rex.core.plans import filling
+from lightning_rex.core.plans.filling import water_fill, water_fill_many
 
 
 @st.composite
@@ -54,4 +56,23 @@ def test_4096_ranks_with_forced_levels_match_the_reference():
     curves = 0.006 + np.maximum(sizes, knee[:, None]) / rate[:, None]
     lo, hi = np.ones(n, dtype=np.int64), cap
     for total in (n, 4 * n, 16 * n, int(hi.sum()) - 7, int(hi.sum())):
+        assert water_fill(curves, total, lo, hi) == reference(curves, total, lo, hi)
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems(), st.lists(st.integers(0, 10**6), min_size=1, max_size=6))
+def test_many_batches_share_the_work_and_plan_as_one_at_a_time(problem, draws):
+    curves, _, lo, hi = problem
+    low, high = int(lo.sum()), int(hi.sum())
+    totals = [low + d % (high - low + 1) for d in draws]
+    assert water_fill_many(curves, totals, lo, hi) == [reference(curves, t, lo, hi) for t in totals]
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems())
+def test_the_level_bracketed_by_bisection_is_the_exact_one(problem):
+    """With no room to sort, the level's bracket shrinks to a few entries per rank first."""
+    curves, total, lo, hi = problem
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(filling, "_GATHER", 0)
         assert water_fill(curves, total, lo, hi) == reference(curves, total, lo, hi)

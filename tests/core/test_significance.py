@@ -166,38 +166,3 @@ def test_window_history_is_one_for_independent_noise_and_splits_by_plan():
     assert len(g.z) == 4 and g.plans == h.plans[-4:]
     with pytest.raises(ValueError, match="max_windows"):
         WindowHistory(max_windows=1)
-
-
-def test_ending_p_value_flags_stragglers_that_stop_or_start_not_persistent_ones():
-    rng = np.random.default_rng(11)
-    stop, persist = 0, 0
-    for _ in range(100):
-        t = ar1_lognormal(rng, 16, 30, 0.1, 0.5)
-        t[4, :15] *= 1.6
-        stop += sig.ending_p_value(t, [4])[0] < 0.05
-        u = ar1_lognormal(rng, 16, 30, 0.1, 0.5)
-        u[4] *= 1.15
-        ends = sig.ending_p_value(u, [4])[0]
-        persist += ends < 0.05 or sig.ending_p_value(u, [4], slower=False)[0] < 0.05
-    assert stop >= 90 and persist <= 5
-    assert sig.ending_p_value(np.ones((3, 4)), [0]).tolist() == [1.0]
-
-
-def test_ending_p_value_is_vectorised_over_ranks():
-    rng = np.random.default_rng(12)
-    t = ar1_lognormal(rng, 8, 30, 0.1, 0.5)
-    t[2, :15] *= 1.6
-    both = sig.ending_p_value(t, [2, 5])
-    assert both[0] < 0.05 < both[1]
-
-
-def test_effect_drop_z_flags_a_fading_straggler():
-    rng = np.random.default_rng(13)
-    a, b = ar1_lognormal(rng, 16, 30, 0.1, 0.5), ar1_lognormal(rng, 16, 30, 0.1, 0.5)
-    a[3] *= 1.6
-    b[3] *= 1.08
-    a[9] *= 1.15
-    b[9] *= 1.15
-    z = sig.effect_drop_z([a, b])
-    assert z[3] > 3 and abs(z[9]) < 2.33
-    assert sig.effect_drop_z([a[:2], b[:2]]).tolist() == [0.0, 0.0]

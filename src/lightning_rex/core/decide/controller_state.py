@@ -173,7 +173,8 @@ class ControllerState:
         moved = [r for r in flagged if gap[r] > thr]
         self.changed = bool(moved)
         if moved:  # measurements changed: what a rollback taught about these ranks is stale
-            self.floors = [f for f in self.floors if int(f[0]) not in moved]
+            gone = set(moved)
+            self.floors = [f for f in self.floors if int(f[0]) not in gone]
             self.rolled_back = False  # a new cluster: gains are worth proposing again
             model.forget(moved, keep_last=len(self.recent))
 

@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lightning_rex.core.stats.endings import ending_p_value_each
 from lightning_rex.core.stats.noninferiority import non_inferiority
 from lightning_rex.core.stats.persistence import cold_start_flagged, persistent_ranks, pointing
-from lightning_rex.core.stats.significance import ending_p_value, imbalance_test
+from lightning_rex.core.stats.significance import imbalance_test
 from lightning_rex.core.window import Window
 
 if TYPE_CHECKING:
@@ -195,12 +196,12 @@ def early_imbalance(
     # The rule vetoes a straggler that starts inside the latest window. Acting early also
     # needs it not to have started inside the first: a straggler that began late in the
     # window before and fills the partial one may be a transient of one window or less.
-    out = []
-    for r in flagged:
-        slow = bool(sig.effect[r] > 1.0)
-        if ending_p_value(wins[0], [r], slower=not slow)[0] >= ending_alpha:
-            out.append(r)
-    return out
+    if not flagged:
+        return []
+    started = ending_p_value_each(
+        wins[0], flagged, [not bool(sig.effect[r] > 1.0) for r in flagged]
+    )
+    return [r for r, p in zip(flagged, started) if p >= ending_alpha]
 
 
 def validation_confidences(confidence: float, looks: int, whole_looks: int) -> tuple[float, float]:

@@ -32,6 +32,7 @@ class TileMixture:
     scale: np.ndarray | None
     _weights: np.ndarray
     _tile_posts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]
+    _rows_cache: tuple[Any, list[tuple[SplineAffineModel, np.ndarray, np.ndarray]]] | None = None
 
     if TYPE_CHECKING:  # provided by the time model
 
@@ -121,12 +122,16 @@ class TileMixture:
 
         grid = np.asarray(sizes, dtype=np.float64)
         mean = np.zeros((self.world_size, grid.size))
-        quantile = np.zeros_like(mean)
+        quantile = np.zeros_like(mean) if kappa > 0 else mean  # kappa 0: the mean itself
         for model, w, rows in self._mixture_rows():
             m, q = grid_quantile(model, grid, kappa, var_points)
-            mean[rows] += w[:, None] * m
-            quantile[rows] += w[:, None] * q
-        return mean, quantile
+            every = bool(rows.all())  # no row selection to copy through
+            for out, x in ((mean, m), (quantile, q)) if kappa > 0 else ((mean, m),):
+                if every:
+                    out += w[:, None] * x
+                else:
+                    out[rows] += w[:, None] * x
+        return mean, (quantile if kappa > 0 else mean.copy())
 
     def predict(self, plan: tuple[int, ...]) -> np.ndarray:
         """Posterior mean time of every rank at its size in ``plan``, seconds, shape (N,)."""
@@ -136,7 +141,7 @@ class TileMixture:
         out = np.zeros(self.world_size)
         for model, w, rows in self._mixture_rows():
             at = torch.as_tensor(x[rows]).reshape(-1, 1, 1)
-            out[rows] += w * model.posterior(at).mean.reshape(-1).numpy()
+            out[rows] += w * model.mean(at).reshape(-1).numpy()
         return out
 
     def _mixture_rows(self) -> list[tuple[SplineAffineModel, np.ndarray, np.ndarray]]:
@@ -148,11 +153,16 @@ class TileMixture:
         """
         import torch
 
-        self._posterior()
+        post = self._posterior()
+        cached = self._rows_cache
+        if cached is not None and cached[0] is post:  # the models of this posterior, built
+            return list(cached[1])
         out = []
         for t in sorted(self._tile_posts):
             w = self.tile_weights[:, HYPOTHESES.index(t)]
             rows = w > 0
             mu, cov = (x[torch.as_tensor(rows)] for x in self._tile_posts[t])
             out.append((self._as_model(mu, cov, self._tiled(t), rows), w[rows], rows))
-        return out
+        # every change to the data, the groups or the hyperparameters makes a new posterior
+        self._rows_cache = (post, out)
+        return list(out)

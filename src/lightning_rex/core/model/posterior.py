@@ -76,6 +76,28 @@ class SplineAffineModel(Model):
         """``(N,)``: one batch member per rank."""
         return torch.Size([self.weights_mean.shape[0]])
 
+    def mean(self, X: torch.Tensor) -> torch.Tensor:
+        """The posterior mean alone (what :meth:`posterior` gives as ``.mean``, squeezed).
+
+        The planner's mean over thousands of sizes and ranks does not need the covariance
+        that :meth:`posterior` builds.
+
+        Args:
+            X: Sizes, shape ``(G, 1)`` (the same sizes for every rank) or ``(N, G, 1)``.
+
+        Returns:
+            The mean, shape ``(N, G)``, in seconds.
+        """
+        return self._features_and_mean(X)[1]
+
+    def _features_and_mean(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The features at ``X`` (``(G, D)`` or ``(N, G, D)``) and the mean, ``(N, G)``."""
+        f = self.features(X.squeeze(-1).to(self.weights_mean.dtype))
+        s = self.scale.unsqueeze(-1)  # (N, 1)
+        if f.dim() == 2:
+            return f, (self.weights_mean @ f.T) * s
+        return f, (f * self.weights_mean.unsqueeze(-2)).sum(-1) * s
+
     def posterior(
         self,
         X: torch.Tensor,
@@ -105,13 +127,10 @@ class SplineAffineModel(Model):
         if output_indices not in (None, [0]):
             raise NotImplementedError("SplineAffineModel has one output")
         n = self.weights_mean.shape[0]
-        f = self.features(X.squeeze(-1).to(self.weights_mean.dtype))  # (G, D) or (N, G, D)
+        f, mean = self._features_and_mean(X)
         s = self.scale.unsqueeze(-1)  # (N, 1)
         if f.dim() == 2:
-            mean = (self.weights_mean @ f.T) * s
             f = f.expand(n, *f.shape)
-        else:
-            mean = (f * self.weights_mean.unsqueeze(-2)).sum(-1) * s
         g = f.shape[-2]
         scaled_root = self.weights_root * s.unsqueeze(-1)
         if g <= _DENSE_ROOT_SIZES:
@@ -163,9 +182,12 @@ def grid_quantile(
         ``(mean, quantile)``, both ``(N, G)``.
     """
     grid = torch.as_tensor(np.asarray(sizes, dtype=np.float64))
-    first = model.posterior(grid.unsqueeze(-1))
-    assert isinstance(first, GPyTorchPosterior)
-    mean = first.mean.squeeze(-1).numpy()
+    if isinstance(model, SplineAffineModel):  # the mean alone, without the covariance
+        mean = model.mean(grid.unsqueeze(-1)).numpy()
+    else:
+        first = model.posterior(grid.unsqueeze(-1))
+        assert isinstance(first, GPyTorchPosterior)
+        mean = first.mean.squeeze(-1).numpy()
     if kappa <= 0:
         return mean, mean.copy()
     g = grid.numel()

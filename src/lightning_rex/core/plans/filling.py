@@ -18,11 +18,13 @@ over the groups. A plan costs ``O(N G log N)`` for ``N`` ranks and ``G`` sizes, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from lightning_rex.core.plans.plan import Plan
 
-__all__ = ["water_fill"]
+__all__ = ["water_fill", "water_fill_many"]
 
 
 def water_fill(
@@ -45,19 +47,46 @@ def water_fill(
     Raises:
         ValueError: If the bounds cannot hold ``total`` or the grid is too short.
     """
+    return water_fill_many(curves, [total], lo, hi, monotone)[0]
+
+
+def water_fill_many(
+    curves: np.ndarray,
+    totals: Sequence[int],
+    lo: np.ndarray,
+    hi: np.ndarray,
+    monotone: bool = False,
+) -> list[Plan]:
+    """:func:`water_fill` for several global batches under the same bounds, sharing the work.
+
+    Args:
+        curves: Predicted times, shape ``(N, G)`` (as :func:`water_fill`'s).
+        totals: The global batches.
+        lo: Per-rank minimum sizes, shape ``(N,)``.
+        hi: Per-rank maximum sizes, shape ``(N,)``.
+        monotone: The curves are already their running maxima along each row.
+
+    Returns:
+        One plan per batch, each what :func:`water_fill` gives.
+
+    Raises:
+        ValueError: If the bounds cannot hold a batch or the grid is too short.
+    """
     g = curves.shape[1]
     lo = np.asarray(lo, dtype=np.int64)
     hi = np.asarray(hi, dtype=np.int64)
     if int(hi.max()) > g:
         raise ValueError(f"curves cover sizes up to {g}, but a bound allows {int(hi.max())}")
-    if int(lo.sum()) > total or int(hi.sum()) < total:
-        raise ValueError(
-            f"bounds sum to [{int(lo.sum())}, {int(hi.sum())}], not containing {total}"
-        )
+    for total in totals:
+        if int(lo.sum()) > total or int(hi.sum()) < total:
+            raise ValueError(
+                f"bounds sum to [{int(lo.sum())}, {int(hi.sum())}], not containing {total}"
+            )
     env = np.asarray(curves, dtype=np.float64)
     if not monotone:
         env = np.maximum.accumulate(env, axis=1)
-    return tuple(int(x) for x in _lexicographic(env, int(total), lo, hi))
+    filling = _Filling(env, lo, hi)
+    return [tuple(int(x) for x in filling.plan(int(t))) for t in totals]
 
 
 def _fill(env: np.ndarray, level: float | np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -86,59 +115,84 @@ def _count(env: np.ndarray, level: float | np.ndarray) -> np.ndarray:
     return count
 
 
-def _lexicographic(env: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The plan: the forced groups, slowest at their minimum first, then one free level."""
-    n = env.shape[0]
-    at_lo = env[np.arange(n), lo - 1]
-    order = np.argsort(-at_lo, kind="stable")
-    levels = at_lo[order]
-    starts = np.flatnonzero(np.r_[True, levels[1:] != levels[:-1]])
-    m = starts.size
-    ends = np.r_[starts[1:], n]
-    own = _fill(env, at_lo[:, None], lo, hi)  # each rank's share at its own level
-    got = np.add.reduceat(own[order], starts)  # per group, when forced
-    lo_g = np.add.reduceat(lo[order], starts)
-    before = np.r_[0, np.cumsum(got)[:-1]]  # given to the groups before, all forced
-    lo_before = np.r_[0, np.cumsum(lo_g)[:-1]]
-    lo_after = int(lo.sum()) - lo_before - lo_g
-    remaining = total - before
+class _Filling:
+    """One set of curves and bounds, planned for any number of global batches.
 
-    def still_forced(k: int) -> bool:
-        # the ranks left hold the remaining samples at the level of group k
-        held = int(_fill(env, levels[starts[k]], lo, hi).sum()) - int(lo_before[k])
-        return held >= int(remaining[k])
+    What does not depend on the batch (the groups of ranks by their time at their minimum,
+    each rank's share at its own level, what the ranks hold at each group's level) is
+    computed once, so the scaler's candidate batches share it.
+    """
 
-    # A forced group whose share leaves the later groups less than their minimums
-    # ("limited") ends the forcing: it takes what is left above their minimums.
-    limited = np.flatnonzero(got[:-1] > (remaining - lo_after)[:-1])
-    last = int(limited[0]) if limited.size else m - 1
-    a, b = 0, last + 1  # the first group that is not forced, by bisection (monotone)
-    while a < b:
-        mid = (a + b) // 2
-        if still_forced(mid):
-            a = mid + 1
-        else:
-            b = mid
-    plan = lo.copy()
-    done = order[: starts[min(a, last)]]
-    plan[done] = own[done]
-    if a <= last:  # group a is free: water-fill the ranks left at one level
-        rest = np.sort(order[starts[a] :])
-        top = hi[rest]
-        if a > 0:  # no rank left above its size at the last forced level
-            top = np.minimum(top, _fill(env[rest], levels[starts[a - 1]], lo[rest], hi[rest]))
-        plan[rest] = _level(env[rest], int(remaining[a]), lo[rest], top)
+    def __init__(self, env: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        n = env.shape[0]
+        self.env, self.lo, self.hi = env, lo, hi
+        at_lo = env[np.arange(n), lo - 1]
+        self.order = np.argsort(-at_lo, kind="stable")
+        self.levels = at_lo[self.order]
+        self.starts = np.flatnonzero(np.r_[True, self.levels[1:] != self.levels[:-1]])
+        self.ends = np.r_[self.starts[1:], n]
+        self.own = _fill(env, at_lo[:, None], lo, hi)  # each rank's share at its own level
+        self.got = np.add.reduceat(self.own[self.order], self.starts)  # per group, forced
+        lo_g = np.add.reduceat(lo[self.order], self.starts)
+        self.before = np.r_[0, np.cumsum(self.got)[:-1]]  # given to the groups before
+        self.lo_before = np.r_[0, np.cumsum(lo_g)[:-1]]
+        self.lo_after = int(lo.sum()) - self.lo_before - lo_g
+        self._held: dict[int, int] = {}
+
+    def held(self, k: int) -> int:
+        """What the ranks left after ``k`` forced groups hold at the level of group ``k``."""
+        if k not in self._held:
+            at = self.levels[self.starts[k]]
+            self._held[k] = int(_fill(self.env, at, self.lo, self.hi).sum()) - int(
+                self.lo_before[k]
+            )
+        return self._held[k]
+
+    def plan(self, total: int) -> np.ndarray:
+        """The plan for ``total``: the forced groups, slowest first, then one free level.
+
+        Args:
+            total: The global batch.
+
+        Returns:
+            The sizes, in rank order.
+        """
+        env, lo, hi, order, starts = self.env, self.lo, self.hi, self.order, self.starts
+        m = starts.size
+        remaining = total - self.before
+        # A forced group whose share leaves the later groups less than their minimums
+        # ("limited") ends the forcing: it takes what is left above their minimums.
+        limited = np.flatnonzero(self.got[:-1] > (remaining - self.lo_after)[:-1])
+        last = int(limited[0]) if limited.size else m - 1
+        a, b = 0, last + 1  # the first group that is not forced, by bisection (monotone)
+        while a < b:
+            mid = (a + b) // 2
+            if self.held(mid) >= int(remaining[mid]):
+                a = mid + 1
+            else:
+                b = mid
+        plan = lo.copy()
+        done = order[: starts[min(a, last)]]
+        plan[done] = self.own[done]
+        if a <= last:  # group a is free: water-fill the ranks left at one level
+            if a == 0:
+                return _level(env, int(remaining[0]), lo, hi)
+            rest = np.sort(order[starts[a] :])
+            sub = env[rest]
+            # no rank left above its size at the last forced level
+            top = _fill(sub, self.levels[starts[a - 1]], lo[rest], hi[rest])
+            plan[rest] = _level(sub, int(remaining[a]), lo[rest], top)
+            return plan
+        group = np.sort(order[starts[last] : self.ends[last]])
+        if last == m - 1:  # every rank is forced: spread what is left over the slowest
+            plan[group] = _share(self.own[group], lo[group], int(remaining[last]))
+            return plan
+        take = int(remaining[last]) - int(self.lo_after[last])  # the later groups get lo
+        room = self.own[group] - lo[group]
+        spare = take - int(lo[group].sum())
+        cum = np.cumsum(room)
+        plan[group] = lo[group] + np.clip(spare - (cum - room), 0, room)
         return plan
-    group = np.sort(order[starts[last] : ends[last]])
-    if last == m - 1:  # every rank is forced: spread what is left over the slowest
-        plan[group] = _share(own[group], lo[group], int(remaining[last]))
-        return plan
-    take = int(remaining[last]) - int(lo_after[last])  # limited: the later groups get lo
-    room = own[group] - lo[group]
-    spare = take - int(lo[group].sum())
-    cum = np.cumsum(room)
-    plan[group] = lo[group] + np.clip(spare - (cum - room), 0, room)
-    return plan
 
 
 def _level(env: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -147,9 +201,7 @@ def _level(env: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.nd
     if k <= 0:
         return lo.copy()
     g = env.shape[1]
-    sizes = np.arange(1, g + 1)
-    allowed = env[(sizes[None, :] > lo[:, None]) & (sizes[None, :] <= hi[:, None])]
-    level = float(np.partition(allowed, k - 1)[k - 1])
+    level = _kth_allowed(env, total, lo, hi)
     b_hi = _fill(env, level, lo, hi)
     below = np.nextafter(level, -np.inf)  # the entries strictly below the level
     b = np.minimum(_fill(env, below, lo, hi), b_hi)
@@ -162,6 +214,45 @@ def _level(env: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.nd
         cum = np.cumsum(ex)
         b[order] += np.clip(deficit - (cum - ex), 0, ex)
     return b
+
+
+_GATHER = 4096
+"""Entries between the bracket's ends below which the level's rank is found by sorting."""
+
+
+def _kth_allowed(env: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> float:
+    """The smallest level at which the ranks hold ``total``: an allowed entry, exactly.
+
+    The allowed entries (sizes in ``(lo, hi]``) at or below a level number
+    ``sum fill(level) - sum lo``, so the level is the ``total - sum lo``-th smallest of them.
+    A bisection on the value brackets it until few entries lie inside the bracket (each
+    step costs ``O(N log G)``), and a partial sort of those entries gives it exactly.
+    """
+    n, g = env.shape
+    rows = np.arange(n)
+    open_ = lo < hi
+    first = env[rows[open_], lo[open_]]  # each rank's smallest allowed entry
+    a = float(np.nextafter(first.min(), -np.inf))
+    b = float(env[rows[open_], hi[open_] - 1].max())
+    at_a, at_b = _fill(env, a, lo, hi), _fill(env, b, lo, hi)
+    for _ in range(64):  # at_a holds fewer than total, at_b at least total
+        if int(at_b.sum() - at_a.sum()) <= max(_GATHER, 4 * n):
+            break
+        mid = 0.5 * (a + b)
+        if not a < mid < b:  # ties: the bracket cannot shrink further
+            break
+        at = _fill(env, mid, lo, hi)
+        if int(at.sum()) >= total:
+            b, at_b = mid, at
+        else:
+            a, at_a = mid, at
+    lengths = at_b - at_a  # each rank's entries in (a, b]: columns at_a .. at_b - 1
+    m = int(lengths.sum())
+    offsets = np.cumsum(lengths) - lengths
+    idx = np.repeat(rows * g + at_a - offsets, lengths) + np.arange(m)
+    inside = env.reshape(-1)[idx]
+    kk = total - int(at_a.sum())
+    return float(np.partition(inside, kk - 1)[kk - 1])
 
 
 def _share(cap: np.ndarray, lo: np.ndarray, total: int) -> np.ndarray:

@@ -4,7 +4,7 @@ The objective is the synchronous step time ``max_r t_r(b_r)`` over integer plans
 ``B``. The acquisition is the posterior's optimistic quantile ``mean - kappa * sd`` (read
 through BoTorch, :func:`~lightning_rex.core.model.posterior.optimistic_quantile`), and its exact
 minimiser over plans is found by water-filling
-(:func:`~lightning_rex.core.plans.planner.water_fill`). Only the sizes that can matter are
+(:func:`~lightning_rex.core.plans.filling.water_fill`). Only the sizes that can matter are
 tabulated (:func:`~lightning_rex.core.plans.planner.size_horizon`).
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lightning_rex.core.model.time_model import RankTimeModel
+from lightning_rex.core.plans.filling import water_fill_many
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.planner import size_horizon, water_fill
 
@@ -105,11 +106,22 @@ def best_plans_for(
     g = max(int(np.max(hi)) for _, hi in bounds)
     mean, _ = model.predict_grid(np.arange(1, g + 1))
     env = np.maximum.accumulate(mean, axis=1)  # what water_fill plans on, once for all
-    out = []
-    for (lo, hi), b in zip(bounds, batches):
-        plan = water_fill(env[:, : int(np.max(hi))], int(b), lo, hi, monotone=True)
-        out.append((plan, float(mean[np.arange(len(plan)), np.asarray(plan) - 1].max())))
-    return out
+    # batches under the same bounds share one filling (groups, shares, levels)
+    same: dict[tuple[bytes, bytes], list[int]] = {}
+    for i, (lo, hi) in enumerate(bounds):
+        key = (np.asarray(lo, dtype=np.int64).tobytes(), np.asarray(hi, dtype=np.int64).tobytes())
+        same.setdefault(key, []).append(i)
+    plans: dict[int, Plan] = {}
+    for idx in same.values():
+        lo, hi = bounds[idx[0]]
+        many = water_fill_many(
+            env[:, : int(np.max(hi))], [int(batches[i]) for i in idx], lo, hi, monotone=True
+        )
+        plans.update(zip(idx, many))
+    rows = np.arange(mean.shape[0])
+    return [
+        (plans[i], float(mean[rows, np.asarray(plans[i]) - 1].max())) for i in range(len(batches))
+    ]
 
 
 def with_floors(
@@ -129,11 +141,11 @@ def with_floors(
     out = np.asarray(curves, dtype=np.float64)
     if not len(floors):
         return out
+    f = np.asarray(floors, dtype=np.float64).reshape(-1, 3)
+    j = np.searchsorted(sizes, f[:, 1])
+    keep = j < sizes.size
     fl = np.full(out.shape, -np.inf)
-    for r, b, t in floors:
-        j = int(np.searchsorted(sizes, b))
-        if j < sizes.size:
-            fl[int(r), j] = max(fl[int(r), j], float(t))
+    np.maximum.at(fl, (f[keep, 0].astype(np.int64), j[keep]), f[keep, 2])
     return np.maximum(out, np.maximum.accumulate(fl, axis=1))
 
 

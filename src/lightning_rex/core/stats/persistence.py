@@ -3,9 +3,9 @@
 A rank is flagged when (a) the windows pooled are imbalanced for it (Holm, ``alpha``, effect
 above ``1 + min_effect``), (b) each window on its own points the same way for it (raw
 one-sided p below ``consistency``), and (c) the latest window does not show the straggler
-ending or starting inside it (:func:`~lightning_rex.core.stats.significance.ending_p_value` at
+ending or starting inside it (:func:`~lightning_rex.core.stats.endings.ending_p_value` at
 ``ending_alpha``), nor its effect fading from the first window to the last
-(:func:`~lightning_rex.core.stats.significance.effect_drop_z`).
+(:func:`~lightning_rex.core.stats.endings.effect_drop_z`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from lightning_rex.core.stats.endings import effect_drop_z, ending_p_value
 from lightning_rex.core.stats.significance import (
     ImbalanceResult,
-    effect_drop_z,
-    ending_p_value,
     holm,
     imbalance_test,
     variance_inflation,

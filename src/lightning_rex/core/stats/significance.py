@@ -49,10 +49,9 @@ __all__ = [
     "ImbalanceResult",
     "WindowHistory",
     "block_medians",
-    "effect_drop_z",
-    "ending_p_value",
     "holm",
     "imbalance_test",
+    "inflation_from_sums",
     "variance_inflation",
 ]
 
@@ -109,12 +108,29 @@ def variance_inflation(ranks: np.ndarray, max_lag: int = 10) -> float:
     if k < 4:
         return 1.0
     c = ranks - ranks.mean(axis=1, keepdims=True)
-    den = float((c * c).sum())
+    return inflation_from_sums(
+        float((c * c).sum()), float((c[:, :-1] * c[:, 1:]).sum()), k, ranks.size, max_lag
+    )
+
+
+def inflation_from_sums(den: float, lag: float, k: int, size: int, max_lag: int = 10) -> float:
+    """:func:`variance_inflation` from its sums over the row-centred ranks ``c``.
+
+    Args:
+        den: ``sum c^2``.
+        lag: ``sum c[:, t] c[:, t + 1]``.
+        k: Samples per rank (``K >= 4``).
+        size: All samples (``N K``).
+        max_lag: The largest lag in the sum.
+
+    Returns:
+        The factor, as :func:`variance_inflation` gives it.
+    """
     if den <= 0:
         return 1.0
-    r1 = float((c[:, :-1] * c[:, 1:]).sum()) / den
+    r1 = lag / den
     # Small-sample bias correction, plus one standard error so that few ranks stay safe.
-    r1 = min(0.95, r1 + (1.0 + 4.0 * max(r1, 0.0)) / k + 1.0 / np.sqrt(ranks.size))
+    r1 = min(0.95, r1 + (1.0 + 4.0 * max(r1, 0.0)) / k + 1.0 / np.sqrt(size))
     f = 1.0 + 2.0 * sum((1.0 - j / k) * r1**j for j in range(1, min(max_lag, k - 1) + 1))
     return max(1.0, f)
 
@@ -288,81 +304,6 @@ def imbalance_test(
         alpha=float(alpha),
         min_effect=float(min_effect),
     )
-
-
-def ending_p_value(times: np.ndarray, ranks: Sequence[int], *, slower: bool = True) -> np.ndarray:
-    """Evidence that some ranks' deviation from the pack *ends* inside the window.
-
-    Each rank's excess over the pack, ``log t[rank, k] - median_s log t[s, k]`` per step, is
-    split at a third, a half and two thirds of the window; at each split a one-sided U test
-    (ESS corrected like :func:`imbalance_test`) asks whether the part before is slower (or
-    faster, ``slower=False``) than the part after. A straggler that stopped inside the window
-    gives a small p-value; a persistent imbalance does not. The autocorrelation is estimated
-    from the ranks *not* examined, since a change point inside a rank's own series would
-    masquerade as strong autocorrelation and hide itself. Vectorised over ``ranks``.
-
-    Args:
-        times: The window, shape ``(N, K)``.
-        ranks: The ranks to examine.
-        slower: Direction of the deviation being checked.
-
-    Returns:
-        Per examined rank, the Bonferroni-adjusted smallest p-value over the splits (all 1.0
-        when ``K < 6``).
-    """
-    idx = np.asarray(list(ranks), dtype=np.int64)
-    t = np.log(np.asarray(times, dtype=np.float64))
-    k = t.shape[1]
-    if k < 6 or idx.size == 0:
-        return np.ones(idx.size)
-    e = t[idx] - np.median(t, axis=0)
-    if not slower:
-        e = -e
-    r = stats.rankdata(e, axis=1)
-    ref = np.delete(t, idx, axis=0)
-    if ref.shape[0] < 2:
-        ref = t
-    f = variance_inflation(stats.rankdata(ref.ravel()).reshape(ref.shape))
-    splits = sorted({k // 3, k // 2, (2 * k) // 3})
-    best = np.ones(idx.size)
-    for sp in splits:
-        n1, n2 = sp, k - sp
-        u = r[:, :sp].sum(axis=1) - n1 * (n1 + 1) / 2.0
-        sd = np.sqrt(n1 * n2 * (k + 1) / 12.0 * f)
-        best = np.minimum(best, stats.norm.sf((u - n1 * n2 / 2.0 - 0.5) / sd))
-    return np.asarray(np.minimum(1.0, best * len(splits)))
-
-
-def effect_drop_z(windows: Sequence[np.ndarray], *, slower: bool = True) -> np.ndarray:
-    """How far each rank's deviation dropped from the first to the last of some windows.
-
-    Per window, every rank's median excess over the pack (``log t - median over ranks``) is
-    taken; each rank's drop from the first window to the last is standardised by the spread
-    of the drop over all ranks (median and median absolute deviation), its null distribution.
-    A persistent change keeps its size (``z`` near 0); a straggler that hit the first window
-    hard and the last one only by chance shows a large ``z``.
-
-    Args:
-        windows: Two or more windows' times, each ``(N, K)``, oldest first.
-        slower: Direction of the deviation (False for ranks that are faster).
-
-    Returns:
-        The standardised drop per rank, shape ``(N,)``; zeros with fewer than 3 ranks or 2
-        windows.
-    """
-    n = windows[0].shape[0]
-    if len(windows) < 2 or n < 3:
-        return np.zeros(n)
-    meds = []
-    for w in (windows[0], windows[-1]):
-        lw = np.log(np.asarray(w, dtype=np.float64))
-        meds.append(np.median(lw - np.median(lw, axis=0, keepdims=True), axis=1))
-    drop = meds[0] - meds[1]
-    if not slower:
-        drop = -drop
-    center = float(np.median(drop))
-    spread = 1.4826 * float(np.median(np.abs(drop - center)))
-    return np.asarray((drop - center) / max(spread, 1e-12))
 
 
 class WindowHistory:
