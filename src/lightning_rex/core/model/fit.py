@@ -14,9 +14,21 @@ import torch
 
 from lightning_rex.core.model.kernels import SplineKernel
 
-__all__ = ["fit_residual_scale"]
+__all__ = ["fit_residual_scale", "load_fitting"]
 
 _DT = torch.float64
+
+
+def load_fitting() -> None:
+    """Import what the first fit needs, so that it loads when a model is built.
+
+    BoTorch's fitting loop and the ``torch.fx`` modules it reaches on its first call take
+    about half a second to import; inside the first decision that refits they would delay
+    it by as much.
+    """
+    import botorch.fit
+    import botorch.optim.closures  # noqa: F401
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
 
 def fit_residual_scale(

@@ -111,7 +111,10 @@ class RankTimeModel(TileMixture, SavedModelState):
     ) -> None:
         # BoTorch and GPyTorch load when a model is built, not inside its first decision
         from lightning_rex.core.model import posterior  # noqa: F401
+        from lightning_rex.core.model.fit import load_fitting
         from lightning_rex.core.model.kernels import SplineKernel
+
+        load_fitting()
 
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
