@@ -16,6 +16,9 @@ The output is one JSON object whose ``rank`` is a ready simulator rank entry (``
     {"rank": {"curve": [[b, s], ...], "mem_cap": 512, "device": "NVIDIA A100-SXM4-80GB"},
      "shape_change_s": 0.41, "model": "resnet18", "sizes": [...], "torch": "2.13.0", ...}
 
+The same file is a prior for a fresh fit's first plan: ``RexCallback(prior="resnet18_a100.json")``
+(one profile per device kind, as a list; see docs/callback.md).
+
 Models: ``bench`` (the bench's weight-tied MLP, no extra dependency), ``transformer`` (a
 small ``nn.TransformerEncoder`` classifier over 128 tokens) and ``resnet18`` (torchvision's,
 on 3x224x224 inputs; needs torchvision).

@@ -425,3 +425,23 @@ def test_one_device_kind_has_no_first_look() -> None:
     driver.start(0, ["cpu", "cpu"])
     drive(driver, target, range(40), [0, 1])
     assert driver.records[0]["window"] == [10, 20]
+
+
+def test_a_prior_gives_a_fresh_fit_its_first_plan_and_a_resume_keeps_its_own() -> None:
+    prior = {"fast": [3000.0, 0.002], "slow": [1000.0, 0.002]}  # what RATES measure
+    driver, target = make(LocalCollectives(2))
+    driver.start(0, ["fast", "slow"], prior=prior)
+    first = target.plan_schedule.entries
+    assert first[0] == (0, (32, 32)) and first[1][1] == (48, 16)  # b / rate equalised
+    drive(driver, target, range(60), [0, 1])
+    assert driver.records[0]["plan"] == [48, 16]  # the first window measures the prior's plan
+    # a device the prior does not know: the schedule's plan stays
+    other, t2 = make(LocalCollectives(2))
+    other.start(0, ["fast", "a100"], prior=prior)
+    assert t2.plan_schedule.entries == [(0, (32, 32))]
+    # a resume on the same world size keeps its checkpoint's plan, prior or not
+    state = json.loads(json.dumps(driver.state_dict()))
+    resumed, t3 = make(LocalCollectives(2))
+    t3.plan_schedule.load_state_dict(json.loads(json.dumps(target.plan_schedule.state_dict())))
+    resumed.start(60, ["fast", "slow"], state, prior={"fast": [1.0, 0.0], "slow": [1e4, 0.0]})
+    assert t3.plan_schedule.entries == target.plan_schedule.entries

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ({"seed": "x"}, "seed"),
         ({"background": "no"}, "background must be True or False"),
         ({"pool_by_device": "yes"}, "pool_by_device must be True or False"),
+        ({"prior": "/nonexistent/run"}, "prior: no such file"),
+        ({"prior": {"cpu": [-5, 0]}}, r"prior\['cpu'\] needs a rate > 0"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> None:
@@ -105,6 +108,20 @@ def test_cli_yaml(tmp_path: Path) -> None:
     cli = LightningCLI(CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
     cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
     assert (cb.alpha, cb.persistence, cb.max_growth) == (0.05, 3, 1.5)
+
+
+def test_cli_yaml_prior_from_a_profile(tmp_path: Path) -> None:
+    profile = tmp_path / "cpu.json"
+    curve = [[b, 0.001 + b / 4000] for b in (1, 4, 16)]
+    profile.write_text(json.dumps({"rank": {"curve": curve, "device": "cpu"}}))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "trainer:\n  accelerator: cpu\n  callbacks:\n    - class_path: lightning_rex.RexCallback\n"
+        f"      init_args:\n        prior: {profile}\n"
+    )
+    cli = LightningCLI(CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
+    cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
+    assert cb.prior == {"cpu": pytest.approx([4000.0, 0.001])}
 
 
 def test_cli_bad_value_is_a_clear_error() -> None:

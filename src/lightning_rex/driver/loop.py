@@ -162,7 +162,11 @@ class WindowDriver:
 
     # ------------------------------------------------------------------ start
     def start(
-        self, step: int, device_keys: Sequence[str], state: dict[str, Any] | None = None
+        self,
+        step: int,
+        device_keys: Sequence[str],
+        state: dict[str, Any] | None = None,
+        prior: dict[str, list[float]] | None = None,
     ) -> None:
         """Begin a fit at ``step`` (every rank).
 
@@ -170,6 +174,8 @@ class WindowDriver:
             step: The first step of this fit.
             device_keys: Each hosted rank's device identity (a GPU's name, or ``"cpu"``).
             state: A :meth:`state_dict` from a checkpoint, or None for a fresh start.
+            prior: Rates per device identity for a fresh start's first plan
+                (:func:`~lightning_rex.driver.prior.load_prior`); rank 0's is used.
 
         Raises:
             StateError: On every rank alike, when the checkpoint state breaks an invariant.
@@ -194,8 +200,18 @@ class WindowDriver:
         run_id = uuid.uuid4().hex[:12]
         free = self.target.first_free_step()
         mine = None if self._failure is None else self._failure[1]
+        first = self.is_rank_zero
         objs = self.collectives.gather_objects(
-            [(str(k), free, run_id, mine if i == 0 else None) for i, k in enumerate(device_keys)]
+            [
+                (
+                    str(k),
+                    free,
+                    run_id,
+                    mine if i == 0 else None,
+                    prior if first and i == 0 else None,
+                )
+                for i, k in enumerate(device_keys)
+            ]
         )
         self._check(np.array([o[3] is not None for o in objs], dtype=float), "the start of the fit")
         self.device_keys = [o[0] for o in objs]
@@ -204,9 +220,12 @@ class WindowDriver:
         plan = sched.plan_at(step)
         same = saved is not None and saved["continues"]
         self.continued = None if saved is None else same
-        if saved is not None and not same and self.config.apply_plans:
+        # rates measured before (a resume on another world size) or given (a fresh start's
+        # prior): the fitted plan instead of the one the schedule holds
+        rates = saved["device_rates"] if saved is not None else objs[0][4]
+        if rates and not same and self.config.apply_plans:
             fitted = plan_from_device_rates(
-                saved["device_rates"], self.device_keys, b, bounds.min_size, bounds.caps(n)
+                rates, self.device_keys, b, bounds.min_size, bounds.caps(n)
             )
             if fitted is not None and fitted != plan:
                 at = agreed_step((o[1] for o in objs), step)

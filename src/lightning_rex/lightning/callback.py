@@ -26,6 +26,7 @@ from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
 from lightning_rex.core.settings import DecisionSettings, default_looks
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.loop import WindowDriver
+from lightning_rex.driver.prior import PriorSource, load_prior
 from lightning_rex.lightning.scaling import setup_scaling
 from lightning_rex.lightning.session import FitSession, SessionOptions, StepTimeFn
 
@@ -85,6 +86,13 @@ class RexCallback(Callback):
             (see docs/callback.md). None turns it off. Default 600 s (NCCL's own timeout
             is 30 minutes).
         hang_factor: See ``hang_timeout`` (>= 1).
+        prior: What is known of the devices before this fit, for a fresh fit's first plan
+            instead of the even split: rates ``{device: [samples/s, overhead s]}``, a
+            previous run's ``rex_decisions.jsonl`` (or its run directory), a profile from
+            ``examples/profile_curve.py``, or a list of these (see
+            :mod:`lightning_rex.driver.prior`). Used when every rank's device is in it;
+            read when the callback is built, so a bad source fails at once. A resumed fit
+            keeps its checkpoint's plan.
 
     Raises:
         ValueError: For arguments outside the ranges above, naming the argument.
@@ -107,6 +115,7 @@ class RexCallback(Callback):
         global_batch: GlobalBatchScaling | None = None,
         hang_timeout: float | None = 600.0,
         hang_factor: float = 20.0,
+        prior: PriorSource | None = None,
     ) -> None:
         # the loop first: its messages name the window and the looks
         n_looks = looks if looks is not None else default_looks(window) if is_integer(window) else 1
@@ -130,6 +139,7 @@ class RexCallback(Callback):
         self.max_growth, self.log_dir = float(max_growth), log_dir
         self.hang_timeout = None if hang_timeout is None else float(hang_timeout)
         self.hang_factor = float(hang_factor)
+        self.prior = None if prior is None else load_prior(prior)
         # tests and replays only: fn(rank, step, micro_batch) -> seconds replaces measurements
         self._step_time_fn: StepTimeFn | None = None
         self._loaded: dict[str, Any] | None = None
@@ -207,6 +217,7 @@ class RexCallback(Callback):
             self.hang_timeout,
             self.hang_factor,
             self._step_time_fn,
+            self.prior,
         )
         self.session = FitSession.open(options, trainer, pl_module)
         loaded, self._loaded = self._loaded, None

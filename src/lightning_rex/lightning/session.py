@@ -61,6 +61,7 @@ class SessionOptions:
         hang_timeout: The hang watchdog's floor in seconds (None: off).
         hang_factor: The watchdog's multiple of the typical step.
         step_time_fn: Injected step times, in place of measurements (tests, replays).
+        prior: Rates per device identity for a fresh fit's first plan, or None.
     """
 
     settings: DecisionSettings
@@ -70,6 +71,7 @@ class SessionOptions:
     hang_timeout: float | None
     hang_factor: float
     step_time_fn: StepTimeFn | None = None
+    prior: dict[str, list[float]] | None = None
 
 
 class FitSession:
@@ -176,7 +178,7 @@ class FitSession:
         key = "cuda" if trainer.strategy.root_device.type == "cuda" else "cpu"
         with self.driver.guard("reading the device's identity"):
             key = device_key(trainer.strategy.root_device, self.telemetry)
-        self.driver.start(steps_done(trainer), [key], loaded)
+        self.driver.start(steps_done(trainer), [key], loaded, self.cb.prior)
         if loaded and self.driver.continued is False:
             resumed = self.target.resumed
             why = (resumed.reason if resumed is not None else "") or (
