@@ -1,9 +1,15 @@
+import dataclasses
+import json
+
 import numpy as np
 import pytest
+from tests.helpers.cli import run_command
 
 from lightning_rex.core.plans.plan import even_plan
 from lightning_rex.core.plans.planner import water_fill
 from lightning_rex.core.window import Window
+from lightning_rex.driver.prior import load_prior
+from lightning_rex.sim.engine import simulate
 from lightning_rex.sim.policies import (
     OraclePolicy,
     PolicyInfo,
@@ -13,7 +19,9 @@ from lightning_rex.sim.policies import (
     fit_plan,
     make_policy,
 )
-from lightning_rex.sim.schema import scenario_from_dict
+from lightning_rex.sim.schema import load_scenario, scenario_from_dict
+from lightning_rex.sim.scoring import run
+from lightning_rex.sim.trace import run_traced
 
 INFO = PolicyInfo(120, 3, 30, 1, (None, None, 50), (40, 40, 40), 0)
 
@@ -85,3 +93,24 @@ def test_the_oracle_keeps_the_minimax_time_on_non_monotone_measured_curves():
         full = np.asarray(water_fill(s.time_table(sizes, 0), gb, lo, hi))
         rows = np.arange(n)
         assert env[rows, plan - 1].max() == pytest.approx(env[rows, full - 1].max())
+
+
+def test_rex_with_a_prior_from_a_previous_run_starts_from_its_plan(tmp_path, capsys):
+    """A log of seed 0 as the prior of seed 1: the first window measures the fitted plan."""
+    scen = dataclasses.replace(load_scenario("a100-v100-t4-8"), steps=300)
+    _, recs = run_traced(scen, "rex", 0, simulate(scen, OraclePolicy(scen), 0))
+    log = tmp_path / "seed0.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    pol = RexPolicy(prior=load_prior(log))
+    oracle = simulate(scen, OraclePolicy(scen), 1)
+    res, with_prior = run_traced(scen, pol, 1, oracle)
+    assert pol.start_plan is not None and pol.start_plan != (64,) * 8
+    assert with_prior[0]["plan"] == list(pol.start_plan) and with_prior[0]["policy"] == "rex"
+    assert res.efficiency > run(scen, "rex", 1, oracle=oracle).efficiency
+    # from the command line; a bad source is exit 2 with one line
+    base = ["simulate", "--scenario", "pair-3x", "--steps", "120", "--json"]
+    assert run_command([*base, "--prior", str(log)], capsys)[0] == 0  # no device it knows
+    rc, _, err = run_command([*base, "--prior", str(tmp_path / "none.jsonl")], capsys)
+    assert (
+        rc == 2 and err.strip() == f"simulate: prior: no such file {str(tmp_path / 'none.jsonl')!r}"
+    )

@@ -94,6 +94,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         " gathers, window // 2 for peers, window // 6 for rex's three looks per window)",
     )
     p.add_argument(
+        "--prior",
+        default=None,
+        metavar="SOURCE",
+        help="rex's first plan from a prior, as RexCallback(prior=...): a decision log (a"
+        " trace's seed<k>.jsonl), a run directory or a profile_curve.py JSON",
+    )
+    p.add_argument(
         "--trace",
         default=None,
         metavar="DIR",
@@ -242,6 +249,20 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
+    prior = None
+    if args.prior is not None:
+        from lightning_rex.driver.prior import load_prior
+        from lightning_rex.sim.policies import RexPolicy
+
+        try:
+            prior = load_prior(args.prior)
+        except ValueError as e:
+            print(f"simulate: {e}", file=sys.stderr)
+            return 2
+
+    def policy(n: str) -> Any:  # a fresh policy object for rex with a prior, else the name
+        return RexPolicy(prior=prior) if n == "rex" and prior is not None else n
+
     if args.trace is not None:
         try:  # before any run: a trace that cannot be written should not cost a simulation
             Path(args.trace).mkdir(parents=True, exist_ok=True)
@@ -262,8 +283,8 @@ def main(args: argparse.Namespace) -> int:
 
     def _one(n: str, seed: int, oracle: Any) -> dict[str, Any]:
         if args.trace is None:
-            return run(scen, n, seed, oracle=oracle, loop=loops[n]).to_dict()
-        res, records = run_traced(scen, n, seed, oracle, loops[n])
+            return run(scen, policy(n), seed, oracle=oracle, loop=loops[n]).to_dict()
+        res, records = run_traced(scen, policy(n), seed, oracle, loops[n])
         if n != "oracle":  # the oracle runs no window loop
             write_records(trace_path(args.trace, scen.name, n, seed), records)
         return res.to_dict()

@@ -328,6 +328,7 @@ def simulate(
         return _oracle(s, policy, times)
     times = ScenarioTimes(s, seed, plan)
     profile_s, first = _profile(policy, times)
+    first = first if first is not None else policy.start_plan
     res = run_loop(
         s.global_batch,
         n,

@@ -27,6 +27,7 @@ from lightning_rex.core.plans.plan import Plan, round_fractions
 from lightning_rex.core.plans.planner import (
     affine_plan,
     feasible_spread,
+    plan_from_device_rates,
     resolve_bounds,
     size_horizon,
     water_fill,
@@ -181,17 +182,26 @@ class RexPolicy(PolicyBase):
             window is whole.
         settings: The decision parameters; :class:`~lightning_rex.core.settings.
             DecisionSettings` defaults when None.
+        prior: Rates per device identity (``sim:<device>``, as the simulator's records name
+            them), for the first plan, as ``RexCallback(prior=...)`` gives training's
+            (:func:`~lightning_rex.driver.prior.load_prior`); here it is in force from step 0
+            (training's from the first step the loader has not yet prepared).
         **overrides: Fields of ``settings`` to replace (``persistence=3``, ...).
     """
 
     name = "rex"
 
     def __init__(
-        self, looks: int | None = None, settings: DecisionSettings | None = None, **overrides: Any
+        self,
+        looks: int | None = None,
+        settings: DecisionSettings | None = None,
+        prior: dict[str, list[float]] | None = None,
+        **overrides: Any,
     ) -> None:
         if looks is not None:
             overrides["looks"] = looks
         self.settings = replace(settings or DecisionSettings(), **overrides)
+        self.prior = prior
         self.rollbacks = 0
         self.decisions: list[Decision] = []
 
@@ -221,8 +231,22 @@ class RexPolicy(PolicyBase):
             lo, hi = info.batch_range
             settings = replace(settings, global_batch=GlobalBatchScaling(lo, hi))
         bounds = SizeBounds(info.min_size).with_caps(info.max_sizes)
+        self.start_plan = None
+        if self.prior is not None:  # the plan training's driver computes from the prior
+            keys = ["sim" if d is None else f"sim:{d}" for d in info.devices]
+            self.start_plan = plan_from_device_rates(
+                self.prior,
+                keys,
+                info.global_batch,
+                info.min_size,
+                bounds.caps(info.world_size),
+            )
         self.controller = build.build_decider(
-            settings, info.initial_plan, info.global_batch, bounds, info.devices
+            settings,
+            self.start_plan or info.initial_plan,
+            info.global_batch,
+            bounds,
+            info.devices,
         )
         self.rollbacks = 0
         self.decisions = []

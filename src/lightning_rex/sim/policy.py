@@ -78,6 +78,7 @@ class Policy(Protocol):
 
     name: str
     rollbacks: int
+    start_plan: Plan | None
 
     def reset(self, info: PolicyInfo) -> None:
         """Prepare for a run."""
@@ -112,6 +113,8 @@ class PolicyBase:
 
     name = ""
     rollbacks: int = 0
+    start_plan: Plan | None = None
+    """The plan at step 0 when the policy chooses it without profiling (None: even)."""
 
     def reset(self, info: PolicyInfo) -> None:
         """Prepare for a run (nothing by default).

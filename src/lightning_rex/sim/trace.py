@@ -29,6 +29,7 @@ from typing import Any
 
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.sim.engine import Trace
+from lightning_rex.sim.policy import Policy
 from lightning_rex.sim.report import aggregate, mean_interval, paired_ratio
 from lightning_rex.sim.scenario import Scenario
 from lightning_rex.sim.scoring import SimResult, scored_run
@@ -44,13 +45,17 @@ __all__ = [
 
 
 def run_traced(
-    scenario: Scenario, policy: str, seed: int, oracle: Trace, loop: LoopConfig | None = None
+    scenario: Scenario,
+    policy: Policy | str,
+    seed: int,
+    oracle: Trace,
+    loop: LoopConfig | None = None,
 ) -> tuple[SimResult, list[dict[str, Any]]]:
     """Run a policy as :func:`~lightning_rex.sim.scoring.run` does, keeping its records.
 
     Args:
         scenario: The scenario.
-        policy: A built-in policy name.
+        policy: A built-in policy name, or a policy object.
         seed: The noise seed.
         oracle: The oracle's trace on this scenario and seed.
         loop: The window loop's settings; default the engine's.
@@ -59,9 +64,10 @@ def run_traced(
         The run's metrics and its window records, each with ``limit_samples_per_s``.
     """
     res, trace = scored_run(scenario, policy, seed, oracle=oracle, loop=loop)
+    name = policy if isinstance(policy, str) else policy.name
     limits = window_limits(trace.records, oracle.window_step_s, scenario.window)
     records = [
-        {**r, "limit_samples_per_s": lim, "policy": policy, "seed": int(seed)}
+        {**r, "limit_samples_per_s": lim, "policy": name, "seed": int(seed)}
         for r, lim in zip(trace.records, limits)
     ]
     return res, records
