@@ -22,9 +22,11 @@ Run it (about 5 minutes on two cores; ``--repeat 5`` for a tighter median)::
     python examples/quickstart.py
     python examples/quickstart.py --repeat 5 --steps 300
 
-The figures that hold under load are the ratios: rex/ddp and rex/static are taken within
-each round (three runs back to back, under the same load) and reported as their median over
-the rounds with their range. Throughputs alone move with the machine's load.
+The ratios are taken within each round (three runs back to back, under the same load) and
+reported as their median over the rounds with their range, so a load that drifts between
+runs cancels. A load that stays changes the experiment itself: a process sharing a core with
+one rank makes the ranks less (or more) unequal, and rex/ddp moves with it; rex / best
+static plan is the steadier figure (see README.md, Results).
 """
 
 from __future__ import annotations
