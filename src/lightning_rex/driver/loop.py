@@ -28,12 +28,13 @@ import numpy as np
 
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.core.plans.planner import device_rates, plan_from_device_rates
+from lightning_rex.core.plans.planner import device_rates
 from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.driver.checkpoint import check_state, loop_state, pending_to_state
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.errors import Failures
 from lightning_rex.driver.exchange import ExchangeMessage
+from lightning_rex.driver.joining import fitted_first_plan, join
 from lightning_rex.driver.observer import BackgroundObserver, Pending
 from lightning_rex.driver.protocols import Collectives, Decider, PlanTarget
 from lightning_rex.driver.records import pending_record
@@ -197,40 +198,23 @@ class WindowDriver:
                 horizon=self.config.warmup + self.config.window + _PREFETCH_HORIZON,
             )
         # every fit is a run of its own; a resumed one names the run it continues
-        run_id = uuid.uuid4().hex[:12]
-        free = self.target.first_free_step()
         mine = None if self._failure is None else self._failure[1]
-        first = self.is_rank_zero
-        objs = self.collectives.gather_objects(
-            [
-                (
-                    str(k),
-                    free,
-                    run_id,
-                    mine if i == 0 else None,
-                    prior if first and i == 0 else None,
-                )
-                for i, k in enumerate(device_keys)
-            ]
-        )
-        self._check(np.array([o[3] is not None for o in objs], dtype=float), "the start of the fit")
-        self.device_keys = [o[0] for o in objs]
-        self.run_id = str(objs[0][2])
+        free, run_id = self.target.first_free_step(), uuid.uuid4().hex[:12]
+        joined = join(self.collectives, device_keys, free, run_id, mine, prior, self.is_rank_zero)
+        self._check(np.array(joined.failed, dtype=float), "the start of the fit")
+        self.device_keys = joined.device_keys
+        self.run_id = joined.run_id
         self.resumed_from = None if saved is None else saved["run_id"]
         plan = sched.plan_at(step)
         same = saved is not None and saved["continues"]
         self.continued = None if saved is None else same
         # rates measured before (a resume on another world size) or given (a fresh start's
         # prior): the fitted plan instead of the one the schedule holds
-        rates = saved["device_rates"] if saved is not None else objs[0][4]
-        if rates and not same and self.config.apply_plans:
-            fitted = plan_from_device_rates(
-                rates, self.device_keys, b, bounds.min_size, bounds.caps(n)
-            )
-            if fitted is not None and fitted != plan:
-                at = agreed_step((o[1] for o in objs), step)
-                plan = self.target.schedule_plan(fitted, at)
-                self._skip_until = at
+        rates = saved["device_rates"] if saved is not None else joined.prior
+        first = fitted_first_plan(rates, joined, sched, step)
+        if first is not None and not same and self.config.apply_plans:
+            plan = self.target.schedule_plan(*first)
+            self._skip_until = first[1]
         if same:
             assert saved is not None
             self._skip_until = saved["skip_until"]

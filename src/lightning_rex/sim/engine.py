@@ -32,7 +32,7 @@ from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.protocols import Decider, LocalCollectives, ScheduleTarget
 from lightning_rex.driver.scheduling import schedule_agreed
 from lightning_rex.sim.policies import OraclePolicy, RexPolicy
-from lightning_rex.sim.policy import Policy, PolicyInfo, as_policy
+from lightning_rex.sim.policy import Policy, PolicyInfo, as_policy, device_keys
 from lightning_rex.sim.scenario import Scenario
 from lightning_rex.sim.times import ScenarioTimes
 
@@ -221,7 +221,7 @@ def run_loop(
         clock=lambda: clock[0],
     )
     labels = [None] * world_size if devices is None else list(devices)
-    driver.start(0, ["sim" if d is None else f"sim:{d}" for d in labels])
+    driver.start(0, device_keys(labels))
     out = np.empty(steps)
     ran = steps
     plan_arr, plan = np.asarray(schedule.plan_at(0)), schedule.plan_at(0)

@@ -39,7 +39,7 @@ from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.core.window import Window
 from lightning_rex.sim.lbb import LBBPolicy
 from lightning_rex.sim.omnilearn import OmniLearnPolicy
-from lightning_rex.sim.policy import Policy, PolicyBase, PolicyInfo
+from lightning_rex.sim.policy import Policy, PolicyBase, PolicyInfo, device_keys
 from lightning_rex.sim.scenario import Scenario
 
 __all__ = [
@@ -233,10 +233,9 @@ class RexPolicy(PolicyBase):
         bounds = SizeBounds(info.min_size).with_caps(info.max_sizes)
         self.start_plan = None
         if self.prior is not None:  # the plan training's driver computes from the prior
-            keys = ["sim" if d is None else f"sim:{d}" for d in info.devices]
             self.start_plan = plan_from_device_rates(
                 self.prior,
-                keys,
+                device_keys(info.devices),
                 info.global_batch,
                 info.min_size,
                 bounds.caps(info.world_size),

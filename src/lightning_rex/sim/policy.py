@@ -26,6 +26,7 @@ base's defaults for the hooks it lacks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,7 +35,19 @@ import numpy as np
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.window import Window
 
-__all__ = ["Policy", "PolicyBase", "PolicyInfo", "as_policy"]
+__all__ = ["Policy", "PolicyBase", "PolicyInfo", "as_policy", "device_keys"]
+
+
+def device_keys(devices: Sequence[str | None]) -> list[str]:
+    """The simulated ranks' device identities, as training's keys: ``sim:<device>`` or ``sim``.
+
+    Args:
+        devices: Each rank's device label, None where unlabelled.
+
+    Returns:
+        The keys the driver gathers and the decision log records.
+    """
+    return ["sim" if d is None else f"sim:{d}" for d in devices]
 
 
 @dataclass(frozen=True)

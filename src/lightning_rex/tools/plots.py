@@ -29,35 +29,27 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from lightning_rex.tools.windows import (
-    GROUP_TOLERANCE,
     MAX_RANK_LINES,
     PROPOSAL_CAUSES,
     Windows,
-    device_label,
     labelled_groups,
     nan_matrix,
     pick_ranks,
     proposal_cause,
     quiet_numpy,
-    rank_groups,
 )
 
 __all__ = [
     "DPI",
     "FIGSIZE",
-    "GROUP_TOLERANCE",
     "MAX_RANK_LINES",
-    "PROPOSAL_CAUSES",
     "Windows",
-    "device_label",
     "pick_ranks",
     "plot_comparison",
     "plot_compute",
     "plot_plan",
     "plot_pvalues",
     "plot_throughput",
-    "proposal_cause",
-    "rank_groups",
 ]
 
 DPI = 100

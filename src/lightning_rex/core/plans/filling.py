@@ -27,9 +27,7 @@ from lightning_rex.core.plans.plan import Plan
 __all__ = ["water_fill", "water_fill_many"]
 
 
-def water_fill(
-    curves: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray, monotone: bool = False
-) -> Plan:
+def water_fill(curves: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> Plan:
     """The integer plan minimising ``max_r curves[r, b_r - 1]`` under ``sum b = total``.
 
     Args:
@@ -38,8 +36,6 @@ def water_fill(
         total: The global batch ``B``.
         lo: Per-rank minimum sizes, shape ``(N,)``.
         hi: Per-rank maximum sizes, shape ``(N,)``.
-        monotone: The curves are already their running maxima along each row (the
-            envelope this plans on), so that plans for several batches share them.
 
     Returns:
         The plan, a tuple of ints summing to ``total`` within the bounds.
@@ -47,7 +43,7 @@ def water_fill(
     Raises:
         ValueError: If the bounds cannot hold ``total`` or the grid is too short.
     """
-    return water_fill_many(curves, [total], lo, hi, monotone)[0]
+    return water_fill_many(curves, [total], lo, hi)[0]
 
 
 def water_fill_many(

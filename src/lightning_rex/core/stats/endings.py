@@ -52,14 +52,7 @@ def ending_p_value(times: np.ndarray, ranks: Sequence[int], *, slower: bool = Tr
     if ref.shape[0] < 2:
         ref = t
     f = variance_inflation(stats.rankdata(ref.ravel()).reshape(ref.shape))
-    splits = sorted({k // 3, k // 2, (2 * k) // 3})
-    best = np.ones(idx.size)
-    for sp in splits:
-        n1, n2 = sp, k - sp
-        u = r[:, :sp].sum(axis=1) - n1 * (n1 + 1) / 2.0
-        sd = np.sqrt(n1 * n2 * (k + 1) / 12.0 * f)
-        best = np.minimum(best, stats.norm.sf((u - n1 * n2 / 2.0 - 0.5) / sd))
-    return np.asarray(np.minimum(1.0, best * len(splits)))
+    return _split_p_values(r, f)
 
 
 def effect_drop_z(windows: Sequence[np.ndarray], *, slower: bool = True) -> np.ndarray:
@@ -133,8 +126,19 @@ def ending_p_value_each(
         f[i] = inflation_from_sums(
             float(sq.sum() - sq[q]), float(lag.sum() - lag[q]), k, (n - 1) * k
         )
+    return _split_p_values(r, f)
+
+
+def _split_p_values(r: np.ndarray, f: float | np.ndarray) -> np.ndarray:
+    """Bonferroni-adjusted smallest split p-value of each row of within-row ranks ``r``.
+
+    Each row is split at a third, a half and two thirds; at each split a one-sided U test
+    (variance inflated by ``f``, a scalar or one per row) asks whether the part before is
+    ranked higher than the part after.
+    """
+    k = r.shape[1]
     splits = sorted({k // 3, k // 2, (2 * k) // 3})
-    best = np.ones(idx.size)
+    best = np.ones(r.shape[0])
     for sp in splits:
         n1, n2 = sp, k - sp
         u = r[:, :sp].sum(axis=1) - n1 * (n1 + 1) / 2.0
