@@ -79,15 +79,24 @@ def pooled_posterior(
     data = (phi * (prec * y).unsqueeze(-1)).sum(-2)  # (N, D)
     prior_prec = torch.diag_embed(1.0 / p0)
     prior_rhs = m0 / p0
-    mu, cov = solve(prior_prec, prior_rhs, gram, data)
     g = torch.as_tensor(group)
     ones = torch.ones(len(group), dtype=torch.float64)
-    pooled = (torch.zeros_like(ones).index_add_(0, g, ones)[g] >= min_group).view(-1, 1)
+    pooled = torch.zeros_like(ones).index_add_(0, g, ones)[g] >= min_group
+    alone = torch.nonzero(~pooled).view(-1)
     if not bool(pooled.any()):
-        return mu, cov
-    sum_gram = torch.zeros_like(gram).index_add_(0, g, gram)[g]
-    sum_data = torch.zeros_like(data).index_add_(0, g, data)[g]
-    mu_g, cov_g = solve(prior_prec, prior_rhs, sum_gram, sum_data)
+        return solve(prior_prec, prior_rhs, gram, data)
+    # one solve per group: its members share its data, and their priors are the group's
+    # (a pooled group has one unit), so thousands of ranks of a few device kinds cost a few
+    # solves; a member whose prior differs from its group's leader's solves on its own
+    sum_gram = torch.zeros_like(gram).index_add_(0, g, gram)
+    sum_data = torch.zeros_like(data).index_add_(0, g, data)
+    same = (m0 == m0[g]).all(-1) & (p0 == p0[g]).all(-1)
+    own = torch.nonzero(pooled & ((g == torch.arange(len(g))) | ~same)).view(-1)
+    mu_g, cov_g = torch.zeros_like(data), torch.zeros_like(gram)
+    lead = g[own]
+    mu_g[own], cov_g[own] = solve(prior_prec[own], prior_rhs[own], sum_gram[lead], sum_data[lead])
+    follow = pooled & same
+    mu_g[follow], cov_g[follow] = mu_g[g[follow]], cov_g[g[follow]]
     fit = (phi * mu_g.unsqueeze(-2)).sum(-1).clamp_min(1e-12)  # (N, W) group curve
     lr = torch.log(y.clamp_min(1e-12) / fit)
     w = prec * y * y  # the precision of log y (relative noise)
@@ -100,5 +109,7 @@ def pooled_posterior(
     tau2 = (var - noise).clamp_min(0.0)
     shrunk = mean + (level - mean) * tau2 / (tau2 + se2)
     f = torch.exp(shrunk)
-    mu_p, cov_p = mu_g * f.unsqueeze(-1), cov_g * (f * f).view(-1, 1, 1)
-    return torch.where(pooled, mu_p, mu), torch.where(pooled.unsqueeze(-1), cov_p, cov)
+    mu, cov = mu_g * f.unsqueeze(-1), cov_g * (f * f).view(-1, 1, 1)
+    if alone.numel():
+        mu[alone], cov[alone] = solve(prior_prec[alone], prior_rhs[alone], gram[alone], data[alone])
+    return mu, cov
