@@ -65,3 +65,30 @@ def test_a_wave_on_a_tile_is_recognised_and_priced_past_its_end() -> None:
     jump = (0.7 * 16 + 0.3 * 64) / 2000.0
     assert t[2] - t[1] == pytest.approx(jump, rel=0.3)  # a new tile and a new wave
     assert t[3] == pytest.approx(t[2], rel=0.01)
+
+
+def _distinct_reference(b, prec, group, pooled):  # type: ignore[no-untyped-def]
+    """Distinct live sizes per rank (its pooled group's union), with sets."""
+    live = prec > 1e-6 * prec.max(dim=-1, keepdim=True).values
+    sizes = [set(r) - {0} for r in torch.where(live, b, 0).round().long().tolist()]
+    united: dict[int, set[int]] = {}
+    for r, k in enumerate(group.tolist()):
+        if pooled[r]:
+            united.setdefault(int(k), set()).update(sizes[r])
+    return np.array([len(united[k]) if pooled[r] else len(sizes[r]) for r, k in enumerate(group)])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_distinct_sizes_count_each_owners_live_sizes_once(seed: int) -> None:
+    from lightning_rex.core.model.tiles import _distinct_sizes
+
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        n, w = int(rng.integers(1, 30)), int(rng.integers(1, 10))
+        lead = np.array([rng.integers(0, r + 1) for r in range(n)])
+        group = np.array([g if lead[g] == g else r for r, g in enumerate(lead)])
+        pooled = np.bincount(group, minlength=n)[group] >= 3
+        b = torch.as_tensor(rng.integers(0, 6, (n, w)).astype(float))
+        prec = torch.as_tensor(rng.choice([0.0, 1e-9, 1.0, 2.0], (n, w)))
+        got = _distinct_sizes(b, prec, group, pooled)
+        np.testing.assert_array_equal(got, _distinct_reference(b, prec, group, pooled))

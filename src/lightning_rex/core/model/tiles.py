@@ -177,17 +177,15 @@ def _distinct_sizes(
     b: torch.Tensor, prec: torch.Tensor, group: np.ndarray, pooled: np.ndarray
 ) -> np.ndarray:
     """Distinct sizes among each rank's windows that still count (its group's, when pooled)."""
-    import torch
-
-    live = prec > 1e-6 * prec.max(dim=-1, keepdim=True).values
-    sizes = [set(r) - {0} for r in torch.where(live, b, 0).round().long().tolist()]
-    united: dict[int, set[int]] = {}
-    for r, k in enumerate(group.tolist()):
-        if pooled[r]:
-            united.setdefault(int(k), set()).update(sizes[r])
-    return np.array(
-        [len(united[int(k)]) if pooled[r] else len(sizes[r]) for r, k in enumerate(group)]
-    )
+    live = (prec > 1e-6 * prec.max(dim=-1, keepdim=True).values).numpy()
+    sizes = b.round().long().numpy()
+    n = len(group)
+    # one owner per pooled group and per unpooled rank; a size counts once per owner
+    owner = np.where(pooled, group, n + np.arange(n)).astype(np.int64)
+    keep = live & (sizes != 0)
+    top = int(sizes.max(initial=0)) + 1
+    pairs = np.unique(np.broadcast_to(owner[:, None], sizes.shape)[keep] * top + sizes[keep])
+    return np.bincount(pairs // top, minlength=2 * n)[owner]
 
 
 def hypothesis_weights(
@@ -232,7 +230,8 @@ def hypothesis_weights(
         if len(members) < EVIDENCE_MEMBERS:
             members.append(r)
     keys = list(sets)
-    row_of = np.array([keys.index(int(g) if pooled[r] else -1 - r) for r, g in enumerate(group)])
+    at = {k: i for i, k in enumerate(keys)}
+    row_of = np.array([at[int(g) if pooled[r] else -1 - r] for r, g in enumerate(group.tolist())])
     n_win = b.shape[1]
     length = n_win * max(len(m) for m in sets.values())
     shape = (len(keys), length)
