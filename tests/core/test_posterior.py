@@ -108,3 +108,16 @@ def test_posterior_model_refuses_what_it_does_not_model():
     assert model.num_outputs == 1 and model.batch_shape == torch.Size([3])
     with pytest.raises(RuntimeError, match="no observations"):
         RankTimeModel(2, 10, 9).posterior_model()
+
+
+@pytest.mark.parametrize("per_rank", [False, True])
+def test_marginal_posterior_has_the_posteriors_mean_and_variances(per_rank: bool) -> None:
+    model = fitted_model().posterior_model()
+    x = torch.arange(1.0, 191.0, 7.0).unsqueeze(-1)
+    if per_rank:  # each rank at its own sizes
+        x = torch.stack([x, x + 1.0, x * 2.0])
+    full, marginal = model.posterior(x), model.marginal_posterior(x)
+    torch.testing.assert_close(marginal.mean, full.mean, rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(marginal.variance, full.variance, rtol=1e-9, atol=1e-15)
+    q = torch.tensor(0.1, dtype=torch.float64)
+    torch.testing.assert_close(marginal.quantile(q), full.quantile(q), rtol=1e-9, atol=1e-15)
