@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from botorch.models.model import Model
+from botorch.posteriors import Posterior
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import (
@@ -230,6 +231,7 @@ def grid_quantile(
     at = grid[idx].unsqueeze(-1)
     # a quantile reads each size's marginal: the spline model gives it without its low-rank
     # covariance (the same variances, several times faster at thousands of ranks)
+    post: Posterior
     if isinstance(model, SplineAffineModel):
         post = model.marginal_posterior(at)
     else:
