@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_rex.core.stats.endings import ending_p_value_each
+from lightning_rex.core.stats.endings import ending_p_value
 from lightning_rex.core.stats.noninferiority import non_inferiority
 from lightning_rex.core.stats.persistence import cold_start_flagged, persistent_ranks, pointing
 from lightning_rex.core.stats.significance import imbalance_test
@@ -198,8 +198,10 @@ def early_imbalance(
     # window before and fills the partial one may be a transient of one window or less.
     if not flagged:
         return []
-    started = ending_p_value_each(
-        wins[0], flagged, [not bool(sig.effect[r] > 1.0) for r in flagged]
+    # (the ranks flagged together are left out of the autocorrelation's reference: a kind
+    # that slowed at once would otherwise hide its own start)
+    started = ending_p_value(
+        wins[0], flagged, slower=[not bool(sig.effect[r] > 1.0) for r in flagged]
     )
     return [r for r, p in zip(flagged, started) if p >= ending_alpha]
 

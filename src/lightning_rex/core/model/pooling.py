@@ -75,41 +75,66 @@ def pooled_posterior(
     """
     import torch
 
-    gram = phi.transpose(-1, -2) @ (prec.unsqueeze(-1) * phi)  # (N, D, D)
-    data = (phi * (prec * y).unsqueeze(-1)).sum(-2)  # (N, D)
-    prior_prec = torch.diag_embed(1.0 / p0)
     prior_rhs = m0 / p0
     g = torch.as_tensor(group)
-    ones = torch.ones(len(group), dtype=torch.float64)
-    pooled = torch.zeros_like(ones).index_add_(0, g, ones)[g] >= min_group
+    _, slot = torch.unique(g, return_inverse=True)  # each rank's group, numbered 0..G-1
+    size = torch.bincount(slot)
+    pooled = size[slot] >= min_group
+    n, d = m0.shape
+    mu = torch.empty_like(m0)
+    cov = torch.empty(n, d, d, dtype=m0.dtype)
     alone = torch.nonzero(~pooled).view(-1)
+    if alone.numel():
+        f_a, p_a = phi[alone], prec[alone].unsqueeze(-1)
+        gram = f_a.transpose(-1, -2) @ (p_a * f_a)  # (A, D, D)
+        data = (f_a * p_a * y[alone].unsqueeze(-1)).sum(-2)  # (A, D)
+        mu[alone], cov[alone] = solve(
+            torch.diag_embed(1.0 / p0[alone]), prior_rhs[alone], gram, data
+        )
     if not bool(pooled.any()):
-        return solve(prior_prec, prior_rhs, gram, data)
-    # one solve per group: its members share its data, and their priors are the group's
-    # (a pooled group has one unit), so thousands of ranks of a few device kinds cost a few
-    # solves; a member whose prior differs from its group's leader's solves on its own
-    sum_gram = torch.zeros_like(gram).index_add_(0, g, gram)
-    sum_data = torch.zeros_like(data).index_add_(0, g, data)
+        return mu, cov
+    # One solve per group: its members share its data, and their priors are the group's (a
+    # pooled group has one unit), so thousands of ranks of a few device kinds cost a few
+    # solves; a member whose prior differs from its group leader's solves on its own. A
+    # group's sums are one product over all its members' windows.
+    ix = torch.nonzero(pooled).view(-1)
+    at = slot[ix]
+    by_group = ix[torch.argsort(at, stable=True)]
+    sum_gram = torch.zeros(len(size), d, d, dtype=m0.dtype)
+    sum_data = torch.zeros(len(size), d, dtype=m0.dtype)
+    for k, members in enumerate(
+        torch.split(by_group, torch.bincount(at, minlength=len(size)).tolist())
+    ):
+        if members.numel():  # (groups too small to pool have no members here)
+            f_g = phi[members].reshape(-1, d)
+            p_g = prec[members].reshape(-1, 1)
+            sum_gram[k] = f_g.T @ (p_g * f_g)
+            sum_data[k] = f_g.T @ (p_g.view(-1) * y[members].reshape(-1))
     same = (m0 == m0[g]).all(-1) & (p0 == p0[g]).all(-1)
     own = torch.nonzero(pooled & ((g == torch.arange(len(g))) | ~same)).view(-1)
-    mu_g, cov_g = torch.zeros_like(data), torch.zeros_like(gram)
-    lead = g[own]
-    mu_g[own], cov_g[own] = solve(prior_prec[own], prior_rhs[own], sum_gram[lead], sum_data[lead])
+    mu_own, cov_own = solve(
+        torch.diag_embed(1.0 / p0[own]), prior_rhs[own], sum_gram[slot[own]], sum_data[slot[own]]
+    )
+    src = torch.full((len(g),), -1, dtype=torch.long)  # which solve each pooled rank reads
+    src[own] = torch.arange(len(own))
     follow = pooled & same
-    mu_g[follow], cov_g[follow] = mu_g[g[follow]], cov_g[g[follow]]
-    fit = (phi * mu_g.unsqueeze(-2)).sum(-1).clamp_min(1e-12)  # (N, W) group curve
-    lr = torch.log(y.clamp_min(1e-12) / fit)
-    w = prec * y * y  # the precision of log y (relative noise)
+    src[follow] = src[g[follow]]
+    mu_g = mu_own[src[ix]]
+    fit = (phi[ix] * mu_g.unsqueeze(-2)).sum(-1).clamp_min(1e-12)  # (P, W) group curve
+    yp, pp = y[ix], prec[ix]
+    lr = torch.log(yp.clamp_min(1e-12) / fit)
+    w = pp * yp * yp  # the precision of log y (relative noise)
     se2 = 1.0 / w.sum(-1)
-    level = (w * lr).sum(-1) * se2  # (N,)
-    n = torch.zeros_like(level).index_add_(0, g, torch.ones_like(level))[g]
-    mean = torch.zeros_like(level).index_add_(0, g, level)[g] / n
-    var = torch.zeros_like(level).index_add_(0, g, (level - mean) ** 2)[g] / (n - 1)
-    noise = torch.zeros_like(level).index_add_(0, g, se2)[g] / n
-    tau2 = (var - noise).clamp_min(0.0)
-    shrunk = mean + (level - mean) * tau2 / (tau2 + se2)
-    f = torch.exp(shrunk)
-    mu, cov = mu_g * f.unsqueeze(-1), cov_g * (f * f).view(-1, 1, 1)
-    if alone.numel():
-        mu[alone], cov[alone] = solve(prior_prec[alone], prior_rhs[alone], gram[alone], data[alone])
+    level = (w * lr).sum(-1) * se2  # (P,)
+    count = size[at].to(level.dtype)
+
+    def group_sum(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(size), dtype=x.dtype).index_add_(0, at, x)[at]
+
+    mean = group_sum(level) / count
+    var = group_sum((level - mean) ** 2) / (count - 1)
+    tau2 = (var - group_sum(se2) / count).clamp_min(0.0)
+    f = torch.exp(mean + (level - mean) * tau2 / (tau2 + se2))
+    mu[ix] = mu_g * f.unsqueeze(-1)
+    cov[ix] = cov_own[src[ix]].mul_((f * f).view(-1, 1, 1))
     return mu, cov

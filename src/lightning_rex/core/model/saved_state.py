@@ -81,6 +81,7 @@ class SavedModelState:
     cutoff: np.ndarray
     group: np.ndarray
     _post: Any
+    _weights_fresh: bool
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state: observations, scale, hyperparameters and fit count."""
@@ -122,4 +123,4 @@ class SavedModelState:
         self.n_added = c["n_added"]
         self.cutoff = np.asarray(c["cutoff"], dtype=np.int64)
         self.group = np.asarray(c["group"], dtype=np.int64)
-        self._post = None
+        self._post, self._weights_fresh = None, False

@@ -145,6 +145,8 @@ class RankTimeModel(TileMixture, SavedModelState):
         self._weights = np.zeros((self.world_size, len(HYPOTHESES)))
         self._weights[:, 0] = 1.0
         self._post: tuple[torch.Tensor, torch.Tensor] | None = None
+        # the tile weights depend on the data, not on the residual scale: a refit keeps them
+        self._weights_fresh = False
         self._tile_posts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         if groups is not None and len(groups) != self.world_size:
             raise ValueError(f"groups must have {self.world_size} labels, got {len(groups)}")
@@ -188,7 +190,7 @@ class RankTimeModel(TileMixture, SavedModelState):
         self.n_added += 1
         if len(self.sizes) > self.max_history:
             del self.sizes[0], self.medians[0], self.rel_var[0]
-        self._post = None
+        self._post, self._weights_fresh = None, False
 
     def forget(self, ranks: list[int], keep_last: int) -> None:
         """Discount all but the last ``keep_last`` windows of some ranks (a change point).
@@ -210,7 +212,7 @@ class RankTimeModel(TileMixture, SavedModelState):
             if rest.size:
                 self.group[rest] = rest.min()
         self.group[list(ranks)] = list(ranks)
-        self._post = None
+        self._post, self._weights_fresh = None, False
 
     def _features(self, b: torch.Tensor, hypothesis: Any = None) -> torch.Tensor:
         """``[1, u, pad_T(b), pad_W(b), phi(b)]`` with ``u = b / b_ref``.
@@ -276,10 +278,16 @@ class RankTimeModel(TileMixture, SavedModelState):
             m0, p0 = self._prior()
             prec = 1.0 / v
             phi = self._features(b)
-            # a tile belongs to the kernels, not to the rank's current speed: its evidence
-            # keeps every window since the rank's last change point at full weight
-            kept = 1.0 / self._data(decay=False)[2]
-            self._weights = hypothesis_weights(phi, b, y, kept, m0, p0, self.group, self.b_ref)
+            # A tile belongs to the kernels, not to the rank's current speed: its evidence
+            # keeps every window since the rank's last change point at full weight. Each
+            # hypothesis's evidence is maximised over residual scales, so the weights
+            # outlive a refit of the scale.
+            if not self._weights_fresh:
+                kept = 1.0 / self._data(decay=False)[2]
+                self._weights = hypothesis_weights(
+                    phi, b, y, kept, m0, p0, self.group, self.b_ref
+                )
+                self._weights_fresh = True
             best = self._weights.argmax(axis=1)
             used = set(np.flatnonzero((self._weights > 0).any(axis=0)).tolist())
             self._tile_posts = {

@@ -1,10 +1,8 @@
 """Whether a rank's deviation from the pack ends (or starts) inside a window.
 
 :func:`ending_p_value` tests, for some ranks, whether their excess over the pack changes
-inside a window (a straggler that stopped or started); :func:`ending_p_value_each` gives
-the same test for many ranks at once, each with the reference of the ranks other than
-itself; :func:`effect_drop_z` asks whether a deviation faded from one window to another.
-The persistence rule (:mod:`lightning_rex.core.stats.persistence`) vetoes transients with them.
+inside a window (a straggler that stopped or started); :func:`effect_drop_z` asks whether a
+deviation faded from one window to another. The persistence rule (:mod:`lightning_rex.core.stats.persistence`) vetoes transients with them.
 """
 
 from __future__ import annotations
@@ -14,12 +12,14 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-from lightning_rex.core.stats.significance import inflation_from_sums, variance_inflation
+from lightning_rex.core.stats.significance import variance_inflation
 
-__all__ = ["effect_drop_z", "ending_p_value", "ending_p_value_each"]
+__all__ = ["effect_drop_z", "ending_p_value"]
 
 
-def ending_p_value(times: np.ndarray, ranks: Sequence[int], *, slower: bool = True) -> np.ndarray:
+def ending_p_value(
+    times: np.ndarray, ranks: Sequence[int], *, slower: bool | Sequence[bool] = True
+) -> np.ndarray:
     """Evidence that some ranks' deviation from the pack *ends* inside the window.
 
     Each rank's excess over the pack, ``log t[rank, k] - median_s log t[s, k]`` per step, is
@@ -28,12 +28,14 @@ def ending_p_value(times: np.ndarray, ranks: Sequence[int], *, slower: bool = Tr
     faster, ``slower=False``) than the part after. A straggler that stopped inside the window
     gives a small p-value; a persistent imbalance does not. The autocorrelation is estimated
     from the ranks *not* examined, since a change point inside a rank's own series would
-    masquerade as strong autocorrelation and hide itself. Vectorised over ``ranks``.
+    masquerade as strong autocorrelation and hide itself (and ranks examined together, a
+    device kind that slowed at once, would hide each other). Vectorised over ``ranks``.
 
     Args:
         times: The window, shape ``(N, K)``.
         ranks: The ranks to examine.
-        slower: Direction of the deviation being checked.
+        slower: Direction of the deviation being checked: one for all, or one per examined
+            rank.
 
     Returns:
         Per examined rank, the Bonferroni-adjusted smallest p-value over the splits (all 1.0
@@ -44,15 +46,20 @@ def ending_p_value(times: np.ndarray, ranks: Sequence[int], *, slower: bool = Tr
     k = t.shape[1]
     if k < 6 or idx.size == 0:
         return np.ones(idx.size)
-    e = t[idx] - np.median(t, axis=0)
-    if not slower:
-        e = -e
-    r = stats.rankdata(e, axis=1)
+    sign = np.where(np.broadcast_to(np.asarray(slower, dtype=bool), idx.shape), 1.0, -1.0)
+    r = stats.rankdata(sign[:, None] * (t[idx] - np.median(t, axis=0)), axis=1)
     ref = np.delete(t, idx, axis=0)
     if ref.shape[0] < 2:
         ref = t
     f = variance_inflation(stats.rankdata(ref.ravel()).reshape(ref.shape))
-    return _split_p_values(r, f)
+    splits = sorted({k // 3, k // 2, (2 * k) // 3})
+    best = np.ones(idx.size)
+    for sp in splits:
+        n1, n2 = sp, k - sp
+        u = r[:, :sp].sum(axis=1) - n1 * (n1 + 1) / 2.0
+        sd = np.sqrt(n1 * n2 * (k + 1) / 12.0 * f)
+        best = np.minimum(best, stats.norm.sf((u - n1 * n2 / 2.0 - 0.5) / sd))
+    return np.asarray(np.minimum(1.0, best * len(splits)))
 
 
 def effect_drop_z(windows: Sequence[np.ndarray], *, slower: bool = True) -> np.ndarray:
@@ -86,62 +93,3 @@ def effect_drop_z(windows: Sequence[np.ndarray], *, slower: bool = True) -> np.n
     spread = 1.4826 * float(np.median(np.abs(drop - center)))
     return np.asarray((drop - center) / max(spread, 1e-12))
 
-
-def ending_p_value_each(
-    times: np.ndarray, ranks: Sequence[int], slower: Sequence[bool]
-) -> np.ndarray:
-    """``ending_p_value(times, [r], slower=s)[0]`` for every ``r`` and ``s``, in one pass.
-
-    Each rank's autocorrelation reference is the ranks other than itself, as in its own
-    call: the joint ranks of the whole window are computed once, and each rank's removal
-    is applied to them exactly (an average rank drops by the removed values below it and
-    half those equal to it), instead of ranking the window again per rank.
-
-    Args:
-        times: The window, shape ``(N, K)``.
-        ranks: The ranks to examine.
-        slower: Per examined rank, the direction of the deviation being checked.
-
-    Returns:
-        Per examined rank, its :func:`ending_p_value`.
-    """
-    idx = np.asarray(list(ranks), dtype=np.int64)
-    t = np.log(np.asarray(times, dtype=np.float64))
-    n, k = t.shape
-    if k < 6 or idx.size == 0 or n < 3:
-        return np.array(
-            [ending_p_value(times, [r], slower=bool(s))[0] for r, s in zip(idx, slower)]
-        )
-    sign = np.where(np.asarray(list(slower), dtype=bool), 1.0, -1.0)[:, None]
-    r = stats.rankdata(sign * (t[idx] - np.median(t, axis=0)), axis=1)
-    joint = stats.rankdata(t.ravel()).reshape(n, k)
-    f = np.empty(idx.size)
-    for i, q in enumerate(idx.tolist()):
-        own = np.sort(t[q])
-        below = np.searchsorted(own, t, side="left")
-        adjusted = joint - 0.5 * (below + np.searchsorted(own, t, side="right"))
-        c = adjusted - adjusted.mean(axis=1, keepdims=True)
-        sq, lag = (c * c).sum(axis=1), (c[:, :-1] * c[:, 1:]).sum(axis=1)
-        # the sums without rank q's own row (its ranks are not in the reference)
-        f[i] = inflation_from_sums(
-            float(sq.sum() - sq[q]), float(lag.sum() - lag[q]), k, (n - 1) * k
-        )
-    return _split_p_values(r, f)
-
-
-def _split_p_values(r: np.ndarray, f: float | np.ndarray) -> np.ndarray:
-    """Bonferroni-adjusted smallest split p-value of each row of within-row ranks ``r``.
-
-    Each row is split at a third, a half and two thirds; at each split a one-sided U test
-    (variance inflated by ``f``, a scalar or one per row) asks whether the part before is
-    ranked higher than the part after.
-    """
-    k = r.shape[1]
-    splits = sorted({k // 3, k // 2, (2 * k) // 3})
-    best = np.ones(r.shape[0])
-    for sp in splits:
-        n1, n2 = sp, k - sp
-        u = r[:, :sp].sum(axis=1) - n1 * (n1 + 1) / 2.0
-        sd = np.sqrt(n1 * n2 * (k + 1) / 12.0 * f)
-        best = np.minimum(best, stats.norm.sf((u - n1 * n2 / 2.0 - 0.5) / sd))
-    return np.asarray(np.minimum(1.0, best * len(splits)))
