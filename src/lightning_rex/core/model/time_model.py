@@ -284,9 +284,7 @@ class RankTimeModel(TileMixture, SavedModelState):
             # outlive a refit of the scale.
             if not self._weights_fresh:
                 kept = 1.0 / self._data(decay=False)[2]
-                self._weights = hypothesis_weights(
-                    phi, b, y, kept, m0, p0, self.group, self.b_ref
-                )
+                self._weights = hypothesis_weights(phi, b, y, kept, m0, p0, self.group, self.b_ref)
                 self._weights_fresh = True
             best = self._weights.argmax(axis=1)
             used = set(np.flatnonzero((self._weights > 0).any(axis=0)).tolist())

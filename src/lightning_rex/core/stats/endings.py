@@ -2,7 +2,8 @@
 
 :func:`ending_p_value` tests, for some ranks, whether their excess over the pack changes
 inside a window (a straggler that stopped or started); :func:`effect_drop_z` asks whether a
-deviation faded from one window to another. The persistence rule (:mod:`lightning_rex.core.stats.persistence`) vetoes transients with them.
+deviation faded from one window to another. The persistence rule
+(:mod:`lightning_rex.core.stats.persistence`) vetoes transients with them.
 """
 
 from __future__ import annotations
@@ -92,4 +93,3 @@ def effect_drop_z(windows: Sequence[np.ndarray], *, slower: bool = True) -> np.n
     center = float(np.median(drop))
     spread = 1.4826 * float(np.median(np.abs(drop - center)))
     return np.asarray((drop - center) / max(spread, 1e-12))
-
