@@ -12,6 +12,14 @@ significant goodput gain (:meth:`~lightning_rex.core.scaling.batch_scaling.Batch
 gain is kept (``accept``). Anything else is rolled back to the old batch and plan
 (``rollback``).
 
+A re-split of the batch in force, just proposed or under validation, gives way to a large
+predicted gain of the batch (``_LARGE_GAIN`` times the re-split's own predicted speedup):
+the re-split is dropped, the new batch comes with a split of its own, and a rollback returns
+to the plan before the re-split. At the start this is what matters: the controller's first
+split of ``B0`` would otherwise hold the batch at ``B0`` through its whole validation. A
+proposed re-split's predicted speedup is credited to the old batch's baseline, so that the
+new batch is kept only if it beats the old one split as proposed.
+
 Per-step gradient norms reach the scaler through :meth:`ScalingDecider.add_gradient_norms`,
 from the training thread, while windows may be decided in the loop's background thread. The
 training thread only appends to a queue under its own short lock (it must never wait for a
@@ -65,6 +73,16 @@ _ONE_OFF = 2.0
 def _early_confidence(d: ScalingDecider) -> float:
     """The confidence of a look before the trial's whole window (Bonferroni over the looks)."""
     return 1.0 - (1.0 - d.scaler.config.confidence) / _LOOKS
+
+
+def _split_credit(d: Decision, overhead_s: float) -> float:
+    """A proposed re-split's predicted speedup of the whole step (1 when none is predicted).
+
+    The compute the controller predicts and measures, plus the step's overhead outside it.
+    """
+    if d.predicted_step_s is None or d.measured_step_s is None:
+        return 1.0
+    return max(1.0, (d.measured_step_s + overhead_s) / (d.predicted_step_s + overhead_s))
 
 
 def _steady(step_max: np.ndarray) -> np.ndarray:
@@ -219,10 +237,19 @@ class ScalingDecider:
             return Decision(
                 "accept", None, None, measured, None, what, window.step_end, validated=True
             )
+        was_steady = self.controller.state == "steady" and window.plan == self.controller.plan
         d = self.controller.observe(window)
         self._forget()
-        steady = self.controller.state == "steady" and window.plan == self.controller.plan
-        if d.kind != "hold" or not steady or self.controller.model.n_obs == 0:
+        in_force = window.plan == self.controller.plan
+        steady = self.controller.state == "steady" and in_force
+        # A re-split of the batch in force, just proposed from a steady plan or under
+        # validation, gives way to a large gain of the batch (below): at the start, the
+        # controller's first split would otherwise hold the batch at B0 through its whole
+        # validation, and the new batch comes with a split of its own.
+        proposed = d.kind == "propose" and was_steady and d.plan is not None and sum(d.plan) == b
+        trying = d.kind == "hold" and self.controller.state == "validating" and in_force
+        resplit = proposed or trying
+        if not (resplit or (d.kind == "hold" and steady)) or self.controller.model.n_obs == 0:
             return d  # (the rank model has no window yet: a partial first window)
         times = self._times(window)
         self.scaler.record(b, times, self._predict(b))
@@ -234,15 +261,24 @@ class ScalingDecider:
         if p is None:
             return d
         new, gain = p
-        if len(self._recent) < self.window_steps and gain < _LARGE_GAIN:
+        # a proposed re-split's predicted speedup is credited to the old batch (one under
+        # validation is in the baseline's times already)
+        credit = _split_credit(d, self.overhead_s) if proposed else 1.0
+        if (resplit or len(self._recent) < self.window_steps) and gain < _LARGE_GAIN * credit:
             return d  # a small gain is shown on a whole window of baseline only
         try:
             plan, pred_new = self.controller.predict_step_time(new)
-            old_plan = self.controller.plan
-            self.controller.set_global_batch(new, plan)
         except ValueError:  # the bounds changed under the proposal: not this time
             return d
-        self._change = (b, old_plan, list(self._recent))
+        if resplit:  # dropped: the plan before it is the one to return to
+            self.controller.decline()
+        old_plan = self.controller.plan
+        try:
+            self.controller.set_global_batch(new, plan)
+        except ValueError:
+            return hold(f"global batch {b} -> {new}: out of bounds") if resplit else d
+        # (so that the new batch is kept only if it beats the old one split as proposed)
+        self._change = (b, old_plan, [t / credit for t in self._recent])
         self.scaler.changed()
         return Decision(
             "propose",
