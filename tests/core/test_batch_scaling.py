@@ -190,3 +190,35 @@ def test_a_far_optimum_is_reached_in_one_change_only_when_it_pays_a_lot():
     assert far is not None and far[0] > 2 * B0 and far[1] >= 1.5
     near = propose(0.004)
     assert near is None or near[0] <= 2 * B0
+
+
+@pytest.mark.parametrize("seed", [2, 3, 9])
+def test_a_signal_hidden_in_the_noise_argues_for_a_larger_batch_on_its_bound(seed):
+    """At a small B0 the |G|^2 estimate can stay at or below 0 (an infinite noise scale).
+    The scaler then plans with the lower confidence bound of the recent estimates instead of
+    waiting for the signal to show (before, it was not ready), and only ever grows B."""
+    from lightning_rex.core.scaling.batch_scaling import EARLY_STEPS
+
+    def fixed_cost(batch):
+        return 0.06 + batch / RATE
+
+    sc = BatchScaler(GlobalBatchScaling(16, 4096, windows_between=1), B0, N)
+    rng = np.random.default_rng(seed)
+    b = np.full(N, B0 // N, dtype=np.float64)
+    for _ in range(30):  # a true gradient of 0.008 per coordinate under unit noise
+        g_r = 0.008 + rng.standard_normal((N, 400)) * np.sqrt(1.0 / b)[:, None]
+        w = b / b.sum()
+        g = w @ g_r
+        sc.noise.update(float(w @ (g_r**2).sum(axis=1) / 400), float(g @ g / 400), (16,) * 4)
+    sc.record(B0, np.full(30, fixed_cost(B0)) * np.exp(rng.normal(0, 0.02, 30)), fixed_cost(B0))
+    low = sc.noise.interval(sc.config.confidence, EARLY_STEPS)[0]
+    assert sc.noise.phi == math.inf and math.isfinite(low) and sc.phi == low
+    assert sc.ready
+    p = sc.propose(B0, fixed_cost)
+    assert p is not None and p[0] > B0
+    assert sc.efficiency(p[0]) == pytest.approx((low + B0) / (low + p[0]))
+
+    def steep(batch):  # larger batches far slower: a smaller one would win, but not here
+        return 0.001 * (batch / B0) ** 3
+
+    assert sc.propose(B0, steep) is None

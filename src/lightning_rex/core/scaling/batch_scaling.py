@@ -146,9 +146,25 @@ class BatchScaler:
         self.noise = NoiseScale(self.config.decay)
 
     # ------------------------------------------------------------------ evidence
-    def efficiency(self, batch: float) -> float:
-        """Statistical efficiency of ``batch`` relative to ``B0`` at the current noise scale."""
+    @property
+    def phi(self) -> float | None:
+        """The noise scale the scaler plans with, or None while there is none to plan with.
+
+        The estimate (:attr:`NoiseScale.phi`); while its ``|G|^2`` is not yet positive (the
+        estimate is infinite: at a small ``B0`` the gradient's signal hides in its noise), the
+        lower confidence bound of the recent estimates
+        (:meth:`NoiseScale.interval`), when that is finite: a larger batch is then judged on
+        the least noise the evidence allows, not held back until the signal shows.
+        """
         phi = self.noise.phi
+        if phi is None or math.isfinite(phi):
+            return phi
+        bounds = self.noise.interval(self.config.confidence, EARLY_STEPS)
+        return bounds[0] if bounds is not None and math.isfinite(bounds[0]) else None
+
+    def efficiency(self, batch: float) -> float:
+        """Statistical efficiency of ``batch`` relative to ``B0`` at the noise scale :attr:`phi`."""
+        phi = self.phi
         return 1.0 if phi is None else statistical_efficiency(batch, self.base_batch, phi)
 
     def lr_factor(self, batch: int) -> float:
@@ -185,8 +201,7 @@ class BatchScaler:
             self.noise.steps >= min(self.config.min_noise_steps, EARLY_STEPS)
             and self._since >= self.config.windows_between
             and not self.noise.frozen  # no B changes on an estimate that stopped moving
-            and self.noise.phi is not None
-            and math.isfinite(self.noise.phi)
+            and self.phi is not None
         )
 
     # ------------------------------------------------------------------ proposal
@@ -300,6 +315,8 @@ class BatchScaler:
         gain = math.exp(mean[best] - mean[cur])
         if grid[best] == current or gain < 1.0 + self.config.min_gain:
             return None
+        if grid[best] < current and self.phi != self.noise.phi:
+            return None  # a signal still hidden in the noise never argues for a smaller batch
         if self.noise.steps < self.config.min_noise_steps:  # early: the sequential test
             bounds = self.noise.interval(self.config.confidence, EARLY_STEPS)
             if bounds is None:

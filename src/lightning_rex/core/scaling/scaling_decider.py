@@ -287,7 +287,7 @@ class ScalingDecider:
             measured,
             d.significance,
             f"global batch {b} -> {new}: goodput predicted x{gain:.3f} (noise scale"
-            f" {self.scaler.noise.phi:.4g}, efficiency x{self.scaler.efficiency(new):.3f})",
+            f" {self.scaler.phi:.4g}, efficiency x{self.scaler.efficiency(new):.3f})",
             window.step_end,
         )
 
