@@ -51,7 +51,6 @@ __all__ = [
     "block_medians",
     "holm",
     "imbalance_test",
-    "inflation_from_sums",
     "variance_inflation",
 ]
 
@@ -108,29 +107,12 @@ def variance_inflation(ranks: np.ndarray, max_lag: int = 10) -> float:
     if k < 4:
         return 1.0
     c = ranks - ranks.mean(axis=1, keepdims=True)
-    return inflation_from_sums(
-        float((c * c).sum()), float((c[:, :-1] * c[:, 1:]).sum()), k, ranks.size, max_lag
-    )
-
-
-def inflation_from_sums(den: float, lag: float, k: int, size: int, max_lag: int = 10) -> float:
-    """:func:`variance_inflation` from its sums over the row-centred ranks ``c``.
-
-    Args:
-        den: ``sum c^2``.
-        lag: ``sum c[:, t] c[:, t + 1]``.
-        k: Samples per rank (``K >= 4``).
-        size: All samples (``N K``).
-        max_lag: The largest lag in the sum.
-
-    Returns:
-        The factor, as :func:`variance_inflation` gives it.
-    """
+    den = float((c * c).sum())
     if den <= 0:
         return 1.0
-    r1 = lag / den
+    r1 = float((c[:, :-1] * c[:, 1:]).sum()) / den
     # Small-sample bias correction, plus one standard error so that few ranks stay safe.
-    r1 = min(0.95, r1 + (1.0 + 4.0 * max(r1, 0.0)) / k + 1.0 / np.sqrt(size))
+    r1 = min(0.95, r1 + (1.0 + 4.0 * max(r1, 0.0)) / k + 1.0 / np.sqrt(ranks.size))
     f = 1.0 + 2.0 * sum((1.0 - j / k) * r1**j for j in range(1, min(max_lag, k - 1) + 1))
     return max(1.0, f)
 
