@@ -76,3 +76,41 @@ def test_the_level_bracketed_by_bisection_is_the_exact_one(problem):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(filling, "_GATHER", 0)
         assert water_fill(curves, total, lo, hi) == reference(curves, total, lo, hi)
+
+
+@settings(max_examples=400, deadline=None)
+@given(problems())
+def test_a_level_read_off_the_shared_sort_is_the_exact_one(problem):
+    """Batches sharing one sort of the allowed entries plan as the reference (even one)."""
+    curves, total, lo, hi = problem
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(filling, "_SHARE_FROM", 1)
+        assert water_fill_many(curves, [total], lo, hi) == [reference(curves, total, lo, hi)]
+
+
+def test_many_batches_at_1024_ranks_with_forced_levels_match_the_reference():
+    """The scaler's case: a geometric grid of batches, slow ranks forced at their minimum."""
+    rng = np.random.default_rng(2)
+    n, g = 1024, 96
+    kinds = rng.choice(3, n)
+    rate = np.array([2600.0, 1400.0, 450.0])[kinds] * rng.uniform(0.95, 1.05, n)
+    over = np.array([0.004, 0.006, 0.030])[kinds] * rng.uniform(0.9, 1.1, n)
+    sizes = np.arange(1, g + 1)
+    curves = over[:, None] + np.ceil(sizes / 8) * 8 / rate[:, None]
+    lo, hi = np.ones(n, dtype=np.int64), np.array([96, 64, 32])[kinds]
+    totals = np.unique(np.geomspace(n, int(hi.sum()), 12).astype(np.int64)).tolist()
+    got = water_fill_many(curves, totals, lo, hi)
+    assert got == [water_fill(curves, t, lo, hi) for t in totals]  # one at a time: bisection
+    for t, plan in zip(totals[::6], got[::6]):  # the reference is quadratic in the ranks
+        assert plan == reference(curves, t, lo, hi)
+
+
+@settings(max_examples=200, deadline=None)
+@given(problems(), st.floats(allow_nan=True, allow_infinity=True))
+def test_a_wrong_guess_of_the_level_is_caught(problem, guess):
+    """A guessed level that does not hold the batch exactly falls back to the bisection."""
+    curves, total, lo, hi = problem
+    env = np.maximum.accumulate(curves, axis=1)
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    exact = filling._level(env, total, lo, hi)
+    assert np.array_equal(filling._level(env, total, lo, hi, guess), exact)

@@ -252,11 +252,13 @@ class ScalingDecider:
         if not (resplit or (d.kind == "hold" and steady)) or self.controller.model.n_obs == 0:
             return d  # (the rank model has no window yet: a partial first window)
         times = self._times(window)
-        self.scaler.record(b, times, self._predict(b))
         self._recent = (self._recent + times.tolist())[-_BASELINE_STEPS:]
-        if len(self._recent) < max(2, self.window_steps // 3):
+        enough = len(self._recent) >= max(2, self.window_steps // 3)
+        if enough:  # (the candidates include b: one grid posterior and one sort for all)
+            self._predict_many(self.scaler.candidates(b).tolist())
+        self.scaler.record(b, times, self._predict(b))
+        if not enough:
             return d
-        self._predict_many(self.scaler.candidates(b).tolist())
         p = self.scaler.propose(b, self._predict)
         if p is None:
             return d
