@@ -121,3 +121,25 @@ def test_marginal_posterior_has_the_posteriors_mean_and_variances(per_rank: bool
     torch.testing.assert_close(marginal.variance, full.variance, rtol=1e-9, atol=1e-15)
     q = torch.tensor(0.1, dtype=torch.float64)
     torch.testing.assert_close(marginal.quantile(q), full.quantile(q), rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("per_rank", [False, True])
+def test_a_size_known_exactly_reads_gpytorchs_floor_without_a_warning(per_rank: bool) -> None:
+    """A rank with (next to) no posterior variance: the quantile sees GPyTorch's floor."""
+    import warnings
+
+    from gpytorch.settings import min_variance
+
+    model = fitted_model().posterior_model()
+    model.weights_root = model.weights_root * 1e-9  # a rank measured ever so often
+    model._cov = None
+    x = torch.arange(1.0, 191.0, 7.0).unsqueeze(-1)
+    if per_rank:
+        x = torch.stack([x, x + 1.0, x * 2.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # GPyTorch's NumericalWarning
+        post = model.marginal_posterior(x)
+        q = optimistic_quantile(post, 2.0)
+    floor = min_variance.value(torch.float64)
+    torch.testing.assert_close(post.variance, torch.full_like(post.variance, floor))
+    torch.testing.assert_close(q, post.mean.squeeze(-1) - 2.0 * floor**0.5)

@@ -24,6 +24,7 @@ import torch
 from botorch.models.model import Model
 from botorch.posteriors import Posterior
 from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch import settings as gpytorch_settings
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import (
     DenseLinearOperator,
@@ -172,6 +173,9 @@ class SplineAffineModel(Model):
             root = f @ self.weights_root
             var = (root * root).sum(-1)
         var = var * (self.scale * self.scale).unsqueeze(-1) + self.jitter
+        # GPyTorch raises any variance below its floor to it, with a NumericalWarning (a
+        # rank measured many times at a size has next to none there): the same floor, here
+        var = var.clamp_min(gpytorch_settings.min_variance.value(var.dtype))
         return GPyTorchPosterior(MultivariateNormal(mean, DiagLinearOperator(var)))
 
     def _weights_cov(self) -> torch.Tensor:
