@@ -137,6 +137,7 @@ def test_check_state_names_the_field():
         "controller.recent[0][1]": lambda d: d["recent"][0][1].pop(),
         "controller.model.medians": lambda d: d["model"]["medians"].pop(),
         "controller.model.cutoff": lambda d: d["model"].__setitem__("cutoff", [0]),
+        "controller.refit_wanted": lambda d: d.__setitem__("refit_wanted", "yes"),
     }
     for name, tamper in cases.items():
         bad = json.loads(json.dumps(good))
@@ -231,6 +232,56 @@ def test_hyperparameters_are_refitted_from_6_windows_on_and_then_rarely():
             fitted.append(c.model.n_added)
     assert fitted and fitted[0] >= 6
     assert all(b >= min(2 * a, a + 20) for a, b in itertools.pairwise(fitted))
+
+
+def test_a_refit_waits_for_a_decision_that_does_not_plan(monkeypatch):
+    """A proposal never also waits for a BoTorch fit: the fit it found due runs next."""
+    import lightning_rex.core.decide.controller as controller
+
+    planned = []
+    plan = controller.propose_plan
+    monkeypatch.setattr(
+        controller, "propose_plan", lambda *a, **k: planned.append(1) or plan(*a, **k)
+    )
+    c = Controller(512, 4, seed=0)
+    rng = np.random.default_rng(0)
+    kinds = {"fit": [], "plan": []}
+    for i in range(40):
+        slow = 1.5 if 10 <= i < 20 else (0.7 if i >= 28 else 1.0)
+        fits, plans = c.model.n_fits, len(planned)
+        c.observe(window(c.plan, rng, 30 * i, factor=np.array([1.0, 1.0, slow, 1.0])))
+        if c.model.n_fits != fits:
+            kinds["fit"].append(i)
+        if len(planned) != plans:
+            kinds["plan"].append(i)
+    assert len(kinds["fit"]) >= 2 and len(kinds["plan"]) >= 3
+    assert not set(kinds["fit"]) & set(kinds["plan"])
+    # the first fit is due from the sixth window: the first plan from there finds it due,
+    # and the first decision after it that does not plan runs it
+    planned = min(i for i in kinds["plan"] if i >= 5)
+    assert kinds["fit"][0] == min(i for i in range(planned, 40) if i not in kinds["plan"])
+
+
+def test_a_fit_left_for_the_next_decision_survives_a_checkpoint():
+    c = Controller(512, 4, seed=0)
+    rng = np.random.default_rng(0)
+    for i in range(40):  # up to a proposal that found a fit due
+        slow = 1.5 if 10 <= i < 20 else (0.7 if i >= 28 else 1.0)
+        c.observe(window(c.plan, rng, 30 * i, factor=np.array([1.0, 1.0, slow, 1.0])))
+        if c.state_dict()["refit_wanted"]:
+            break
+    state = json.loads(json.dumps(c.state_dict()))
+    assert state["refit_wanted"]
+    resumed = Controller(512, 4, seed=0)
+    resumed.load_state_dict(state)
+    old = {k: v for k, v in state.items() if k != "refit_wanted"}  # a checkpoint before it
+    Controller(512, 4, seed=0).load_state_dict(old)
+    fits = resumed.model.n_fits
+    for i in range(41, 47):  # both run it in the same decision, and go on alike
+        nxt = window(c.plan, rng, 30 * i)
+        assert c.observe(nxt) == resumed.observe(nxt)
+    assert resumed.model.n_fits > fits and not resumed.state_dict()["refit_wanted"]
+    assert json.dumps(c.state_dict()) == json.dumps(resumed.state_dict())
 
 
 def test_decline_of_an_unapplied_rollback_keeps_the_plan_in_force():

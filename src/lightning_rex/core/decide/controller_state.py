@@ -61,6 +61,8 @@ class ControllerState:
         rolled_back: The last change was rolled back (gains must be twice as large).
         reference: The per-rank medians when the plan in force was accepted.
         fitted_at: The model's window count at the last hyperparameter fit (-1: never).
+        refit_wanted: A proposal found a fit due: it runs in the next decision that does not
+            plan.
         windows_seen: Whole windows observed.
         shape_cost_s: The measured seconds a step pays for new sizes (0 until measured).
         floors: ``[rank, size, seconds]`` from rolled-back plans: the rank (or one of its
@@ -83,6 +85,7 @@ class ControllerState:
     rolled_back: bool = False
     reference: list[float] | None = None
     fitted_at: int = -1
+    refit_wanted: bool = False
     windows_seen: int = 0
     shape_cost_s: float = 0.0
     floors: list[list[float]] = field(default_factory=list)
@@ -260,6 +263,7 @@ class ControllerState:
             "baseline": self.baseline,
             "recent": self.recent,
             "fitted_at": self.fitted_at,
+            "refit_wanted": self.refit_wanted,
             "reference": self.reference,
             "windows_seen": self.windows_seen,
             "before": self.before,
@@ -296,6 +300,7 @@ class ControllerState:
             rolled_back=s["rolled_back"],
             reference=s["reference"],
             fitted_at=s["fitted_at"],
+            refit_wanted=s["refit_wanted"],
             windows_seen=s["windows_seen"],
             shape_cost_s=s["shape_cost_s"],
             floors=s["floors"],
@@ -353,6 +358,7 @@ def check_controller_state(
         matrix(w, f"{name}.recent[{i}]", world_size, None, True) for i, w in enumerate(recent)
     ]
     out["fitted_at"] = whole(state_field(d, "fitted_at", name), f"{name}.fitted_at", -1)
+    out["refit_wanted"] = flag(d.get("refit_wanted", False), f"{name}.refit_wanted")
     out["reference"] = optional(
         state_field(d, "reference", name), float_list, f"{name}.reference", world_size, True
     )

@@ -19,7 +19,14 @@ from lightning_rex.core.plans.filling import water_fill_many
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.planner import size_horizon, water_fill
 
-__all__ = ["best_plan_for", "propose_plan", "recent_sizes", "refit_when_due", "with_floors"]
+__all__ = [
+    "best_plan_for",
+    "propose_plan",
+    "recent_sizes",
+    "refit_due",
+    "refit_when_due",
+    "with_floors",
+]
 
 
 def refit_when_due(model: RankTimeModel, fitted_at: int) -> int:
@@ -36,13 +43,27 @@ def refit_when_due(model: RankTimeModel, fitted_at: int) -> int:
     Returns:
         ``fitted_at``, moved on when a fit ran.
     """
-    added = model.n_added
-    if model.n_obs >= 6 and (fitted_at < 0 or added >= min(2 * fitted_at, fitted_at + 20)):
+    if refit_due(model, fitted_at):
         fits = model.n_fits
         model.fit_hyperparameters()
         if model.n_fits != fits:  # it ran (it skips data with one size per rank)
-            return added
+            return model.n_added
     return fitted_at
+
+
+def refit_due(model: RankTimeModel, fitted_at: int) -> bool:
+    """Whether :func:`refit_when_due` would fit now.
+
+    Args:
+        model: The rank time model.
+        fitted_at: ``model.n_added`` at the last fit (-1: never).
+
+    Returns:
+        True once 6 windows are held and the windows seen since the last fit have doubled
+        or grown by 20 (or there was none).
+    """
+    added = model.n_added
+    return model.n_obs >= 6 and (fitted_at < 0 or added >= min(2 * fitted_at, fitted_at + 20))
 
 
 def recent_sizes(sizes: Sequence[Sequence[int]], keep: int) -> list[set[int]]:
