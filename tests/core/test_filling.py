@@ -68,24 +68,21 @@ def test_many_batches_share_the_work_and_plan_as_one_at_a_time(problem, draws):
     assert water_fill_many(curves, totals, lo, hi) == [reference(curves, t, lo, hi) for t in totals]
 
 
-@settings(max_examples=300, deadline=None)
-@given(problems())
-def test_the_level_bracketed_by_bisection_is_the_exact_one(problem):
-    """With no room to sort, the level's bracket shrinks to a few entries per rank first."""
-    curves, total, lo, hi = problem
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(filling, "_GATHER", 0)
-        assert water_fill(curves, total, lo, hi) == reference(curves, total, lo, hi)
-
-
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("_GATHER", 0),  # no room to sort: the level's bracket shrinks to a few entries first
+        ("_SHARE_FROM", 1),  # even one batch reads its level off one sort of the entries
+    ],
+)
 @settings(max_examples=400, deadline=None)
-@given(problems())
-def test_a_level_read_off_the_shared_sort_is_the_exact_one(problem):
-    """Batches sharing one sort of the allowed entries plan as the reference (even one)."""
+@given(problem=problems())
+def test_the_level_found_either_way_is_the_exact_one(setting, problem):
+    """Bisection to a bracket, or a level read off the shared sort: the reference's plan."""
     curves, total, lo, hi = problem
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(filling, "_SHARE_FROM", 1)
-        assert water_fill_many(curves, [total], lo, hi) == [reference(curves, total, lo, hi)]
+        mp.setattr(filling, *setting)
+        assert water_fill(curves, total, lo, hi) == reference(curves, total, lo, hi)
 
 
 def test_many_batches_at_1024_ranks_with_forced_levels_match_the_reference():
