@@ -109,6 +109,32 @@ def test_waits_for_noise_evidence_and_round_trips():
     assert math.isclose(ada.lr_factor(4 * B0), 4 * ada.efficiency(4 * B0), rel_tol=1e-9)
 
 
+def test_windows_between_spaces_changes_but_the_first_waits_on_the_noise_test_only():
+    """``windows_between`` windows at a batch come before a change *after a change*; before
+    the first, one window at ``B0`` (what the rank model needs) and the noise scale's
+    sequential test are the evidence. Counting a second window at ``B0`` held the first
+    change of the real noisy-teacher run a segment later (step 65 against 50)."""
+    rng = np.random.default_rng(0)
+    cfg = GlobalBatchScaling(16, 4096, min_noise_steps=100, windows_between=3)
+    sc = BatchScaler(cfg, B0, N)
+    feed_noise(sc, rng)
+    assert not sc.ready  # no window at B0 yet
+    sc.record(B0, np.full(30, affine(B0)), affine(B0))
+    assert sc.ready and sc.propose(B0, affine) is not None
+    sc.changed()
+    new = 4 * B0
+    for k in range(cfg.windows_between):
+        assert not sc.ready, k  # after a change: windows_between windows at the new batch
+        sc.record(new, np.full(30, affine(new)), affine(new))
+    assert sc.ready
+    sc.changed()  # a rollback to B0 (or a change back) also waits windows_between
+    sc.record(B0, np.full(30, affine(B0)), affine(B0))
+    assert not sc.ready
+    again = BatchScaler(cfg, B0, N)  # the count and its history survive a checkpoint
+    again.load_state_dict(json.loads(json.dumps(sc.state_dict())))
+    assert not again.ready
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -199,10 +199,20 @@ class BatchScaler:
         """Whether enough evidence has accumulated to consider a change now."""
         return (
             self.noise.steps >= min(self.config.min_noise_steps, EARLY_STEPS)
-            and self._since >= self.config.windows_between
+            and self._since >= self._windows_needed
             and not self.noise.frozen  # no B changes on an estimate that stopped moving
             and self.phi is not None
         )
+
+    @property
+    def _windows_needed(self) -> int:
+        """Windows at the batch in force before a change of it.
+
+        ``windows_between`` after a change (a trial's windows at another batch are in
+        ``_obs``); one before the first, when the noise test is the evidence.
+        """
+        first = all(o.batch == self.base_batch for o in self._obs)
+        return 1 if first else int(self.config.windows_between)
 
     # ------------------------------------------------------------------ proposal
     def candidates(self, current: int) -> np.ndarray:

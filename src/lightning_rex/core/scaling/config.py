@@ -36,7 +36,9 @@ class GlobalBatchScaling:
         candidates: Batch sizes on the geometric grid the acquisition is evaluated on
             (at most :data:`MAX_CANDIDATES`).
         beta: ``UpperConfidenceBound``'s exploration weight (on log goodput).
-        windows_between: Windows at a batch size before another change is considered.
+        windows_between: Windows at a batch size, after a change of it, before another
+            change is considered. Before the first change one window at ``B0`` (the rank
+            model's) is enough: the noise scale's sequential test is then the evidence.
 
     Raises:
         ValueError: Naming the argument, for values outside their ranges.
