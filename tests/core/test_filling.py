@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -100,6 +102,18 @@ def test_many_batches_at_1024_ranks_with_forced_levels_match_the_reference():
     assert got == [water_fill(curves, t, lo, hi) for t in totals]  # one at a time: bisection
     for t, plan in zip(totals[::6], got[::6]):  # the reference is quadratic in the ranks
         assert plan == reference(curves, t, lo, hi)
+
+
+@pytest.mark.parametrize("guess", [-np.finfo(np.float64).max, np.finfo(np.float64).max])
+def test_a_guess_at_the_end_of_the_floats_is_caught_without_an_overflow_warning(guess):
+    """The level just below the lowest float is -inf (nothing is below it); numpy's
+    overflow warning there said nothing wrong (it printed in the test run once)."""
+    curves = np.array([[1.0, 2.0, 3.0], [1.5, 2.5, 4.0]])
+    env, lo, hi = curves, np.ones(2, dtype=np.int64), np.full(2, 3, dtype=np.int64)
+    exact = filling._level(env, 4, lo, hi)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.array_equal(filling._level(env, 4, lo, hi, guess), exact)
 
 
 @settings(max_examples=200, deadline=None)

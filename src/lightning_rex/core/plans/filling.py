@@ -246,7 +246,8 @@ def _level(
         if level is None:
             level = _kth_allowed(env, total, lo, hi)
         b_hi = _fill(env, level, lo, hi)
-        below = np.nextafter(level, -np.inf)  # the entries strictly below the level
+        with np.errstate(over="ignore"):  # below the lowest float: -inf, nothing is below
+            below = np.nextafter(level, -np.inf)  # the entries strictly below the level
         b = np.minimum(_fill(env, below, lo, hi), b_hi)
         if int(b.sum()) < total <= int(b_hi.sum()):  # (always so for the exact level)
             break
