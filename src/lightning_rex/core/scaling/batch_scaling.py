@@ -208,8 +208,10 @@ class BatchScaler:
     def _windows_needed(self) -> int:
         """Windows at the batch in force before a change of it.
 
-        ``windows_between`` after a change (a trial's windows at another batch are in
-        ``_obs``); one before the first, when the noise test is the evidence.
+        ``windows_between`` once a window has run at another batch (a trial's windows are
+        in ``_obs``); one while every window so far ran at ``B0``, when the noise scale's
+        sequential test is the evidence (a declined proposal, say in monitor-only mode, is
+        then proposed again after one window).
         """
         first = all(o.batch == self.base_batch for o in self._obs)
         return 1 if first else int(self.config.windows_between)
