@@ -77,6 +77,38 @@ def test_bad_arguments(argv: list[str], match: str) -> None:
         main(["bench", *argv])
 
 
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ("0.5", "must be a finite number >= 1, got 0.5"),
+        ("inf", "got inf"),
+        ("nan", "got nan"),
+        ("two", "not a number: 'two'"),
+    ],
+)
+def test_a_bad_headroom_is_one_line_and_exit_2(
+    value: str, match: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--headroom", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--headroom" in err and match in err
+
+
+@pytest.mark.parametrize(
+    ("value", "match"), [("0", "must be at least 1, got 0"), ("2.5", "not an integer: '2.5'")]
+)
+def test_a_bad_depth_is_one_line_and_exit_2(
+    value: str, match: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--depth", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--depth" in err and match in err
+
+
 def _affinity_after_pin(q: Any, rank: int, world: int) -> None:
     q.put((pin_rank(rank, world), sorted(os.sched_getaffinity(0))))
 

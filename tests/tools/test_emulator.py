@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
@@ -12,6 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning as L
 from lightning_rex import HeterogeneityEmulator
+from lightning_rex.measure import timing as timing_module
+from lightning_rex.measure.timing import ComputeTimer
 from lightning_rex.tools import emulator as emulator_module
 from lightning_rex.tools.bench import BenchModel
 
@@ -55,6 +56,11 @@ def test_factor_combines_slowdown_and_active_events() -> None:
             {"events": [{"ranks": [], "start": 0, "end": 1, "factor": 2}]},
             r"events\[0\].ranks must be a non-empty list",
         ),
+        ({"headroom": 0.5}, "headroom must be a finite number >= 1, got 0.5"),
+        ({"headroom": float("inf")}, "headroom must be a finite number >= 1, got inf"),
+        ({"headroom": float("nan")}, "headroom must be a finite number >= 1, got nan"),
+        ({"headroom": True}, "headroom must be a number >= 1, got True"),
+        ({"headroom": "2"}, "headroom must be a number >= 1, got '2'"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
@@ -63,54 +69,97 @@ def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
 
 
 class _Delays(HeterogeneityEmulator):
+    """Records each step's delay, and how much of it a DDP reducer's hook had seen."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.per_step: list[tuple[int, float, bool]] = []
+        self.per_step: list[tuple[int, float, float]] = []
+        self._nodes: list[Any] = []
+        self._before = self._seen = 0.0
 
-    def on_before_backward(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        for p in pl_module.parameters():
+            # DDP's reducer learns that a gradient is ready from a post hook on the
+            # parameter's AccumulateGrad node, and holds the node (one no one holds is rebuilt)
+            node = p.view_as(p).grad_fn.next_functions[0][0]
+            node.register_hook(self._reducer_hook)
+            self._nodes.append(node)
+
+    def _reducer_hook(self, *_: Any) -> None:
+        self._seen = self.total_delay_s
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        before = self.total_delay_s
-        super().on_before_backward(trainer, pl_module, loss)
-        no_grads_yet = all(p.grad is None or not p.grad.any() for p in pl_module.parameters())
-        self.per_step.append((trainer.global_step, self.total_delay_s - before, no_grads_yet))
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        self._before = self._seen = self.total_delay_s
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_after_backward(trainer, pl_module)
+        delay, seen = self.total_delay_s - self._before, self._seen - self._before
+        self.per_step.append((trainer.global_step, delay, seen))
 
 
 class _Clock:
-    """Stands in for the emulator's ``time`` module: time passes only when the test says so."""
+    """Stands in for the emulator's ``time`` module: time passes only when the test says so.
 
-    def __init__(self) -> None:
+    Args:
+        load: Wall time per second of work: another process shares the core, so the rank's
+            work of ``w`` seconds takes ``load x w`` seconds of wall time and ``w`` of CPU.
+        backward_load: The load during backward passes (default: ``load``).
+    """
+
+    def __init__(self, load: float = 1.0, backward_load: float | None = None) -> None:
         self.t = 0.0
+        self.cpu = 0.0
+        self.load = load
+        self.forward_load = load
+        self.backward_load = load if backward_load is None else backward_load
 
     def perf_counter(self) -> float:
         return self.t
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+    def work(self, seconds: float) -> None:
+        self.cpu += seconds
+        self.t += seconds * self.load
 
     def sleep(self, seconds: float) -> None:
         self.t += seconds
 
 
 class _TimedModel(BenchModel):
-    """On the fake clock, its forward takes 1 ms per sample and its backward twice that."""
+    """On the fake clock, its forward takes 1 ms of work per sample and its backward twice that."""
 
-    def __init__(self, clock: _Clock | None) -> None:
+    def __init__(self, clock: _Clock | None, unused: bool = False) -> None:
         super().__init__(width=64, depth=2)
         self.clock = clock
+        self.unused = torch.nn.Parameter(torch.zeros(1)) if unused else None
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = super().training_step(batch, batch_idx)
         if self.clock is not None:
             clock, n = self.clock, len(batch[0])
-            clock.t += 0.001 * n
+            clock.load = clock.forward_load
+            clock.work(0.001 * n)
 
             def backward_starts(grad: torch.Tensor) -> None:
-                clock.t += 0.002 * n  # before any parameter's gradient is ready
+                clock.load = clock.backward_load
+                clock.work(0.002 * n)  # before any parameter's gradient is ready
 
             loss.register_hook(backward_starts)
         return loss
 
 
 def _fit(
-    emu: HeterogeneityEmulator, batch: int, steps: int = 6, clock: _Clock | None = None
+    emu: HeterogeneityEmulator,
+    batch: int,
+    steps: int = 6,
+    clock: _Clock | None = None,
+    unused: bool = False,
 ) -> None:
     torch.set_num_threads(1)
     n = batch * steps
@@ -121,39 +170,141 @@ def _fit(
         max_steps=steps,
         callbacks=[emu],
     )
-    t.fit(_TimedModel(clock), DataLoader(ds, batch_size=batch))
+    t.fit(_TimedModel(clock, unused), DataLoader(ds, batch_size=batch))
 
 
-def test_delay_only_inside_events_and_before_gradients() -> None:
+def test_delay_only_inside_events_and_before_the_all_reduce_sees_the_gradients() -> None:
     emu = _Delays([1.0], events=[{"ranks": [0], "start": 2, "end": 4, "factor": 3.0}])
     _fit(emu, batch=8)
-    for step, delay, no_grads in emu.per_step:
+    for step, delay, seen in emu.per_step:
         assert (delay > 0) == (2 <= step < 4)
-        assert no_grads  # the extra time is spent before this step's gradients exist
+        # the reducer's hook of the last gradient fires after the sleep: the all-reduce waits
+        assert seen == delay
 
 
 @pytest.mark.parametrize("batch", [2, 256])
 def test_delay_is_the_extra_compute_of_a_slower_device(
     batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Slowdown 3: (3 - 1) x (forward + measured backward) = 2 x 3 ms per sample, every step."""
+    """Slowdown 3: (3 - 1) x (forward + backward) = 2 x 3 ms per sample, every step."""
     clock = _Clock()
     monkeypatch.setattr(emulator_module, "time", clock)
     emu = _Delays([3.0])
     _fit(emu, batch=batch, clock=clock)
     assert [d for _, d, _ in emu.per_step] == pytest.approx([0.006 * batch] * 6)
+    assert [s for _, _, s in emu.per_step] == pytest.approx([0.006 * batch] * 6)
     assert emu.total_delay_s == pytest.approx(6 * 0.006 * batch)
 
 
-def test_the_backward_ratio_follows_the_measured_backward(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A prior ratio of 0.5 moves towards the measured 2.0, so later delays grow towards 6 ms."""
+def test_backward_ratio_is_deprecated() -> None:
+    with pytest.warns(FutureWarning, match="backward_ratio=...\\) is ignored"):
+        emu = HeterogeneityEmulator([3.0], backward_ratio=0.5)
+    assert emu.slowdowns == (3.0,)
+
+
+class _Phases(HeterogeneityEmulator):
+    """Records each step's compute phase (batch start to the end of backward) on the clock."""
+
+    def __init__(self, clock: _Clock, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.clock = clock
+        self.phases: list[float] = []
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_after_backward(trainer, pl_module)
+        self.phases.append(self.clock.t - self._t_start)
+
+
+@pytest.mark.parametrize(
+    ("slowdown", "headroom", "load"),
+    [
+        (3.0, 1.0, 1.0),
+        (3.0, 1.0, 2.0),
+        (3.0, 1.0, 3.0),
+        (1.0, 2.0, 1.0),
+        (1.0, 2.0, 2.0),
+        (1.0, 1.0, 2.0),
+        (1.0, 2.0, 3.0),
+        (2.0, 2.0, 3.0),
+    ],
+)
+def test_a_process_sharing_the_core_changes_no_step_within_the_headroom(
+    slowdown: float, headroom: float, load: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compute phase lasts ``slowdown x headroom`` times the work (3 ms a sample here),
+    however much wall time the work took, up to that much: a rank that gets half its core
+    (load 2) is not emulated twice as slow; beyond it the load shows, as on real hardware."""
+    clock = _Clock(load)
+    monkeypatch.setattr(emulator_module, "time", clock)
+    emu = _Phases(clock, [slowdown], headroom=headroom)
+    _fit(emu, batch=8, clock=clock)
+    work = 0.003 * 8
+    expected = max(slowdown * headroom, load) * work
+    assert emu.phases == pytest.approx([expected] * 6)
+
+
+@pytest.mark.parametrize(("forward_load", "backward_load"), [(1.0, 2.0), (2.0, 1.0), (1.0, 1.5)])
+def test_a_load_that_comes_with_the_backward_only_changes_no_step(
+    forward_load: float, backward_load: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that takes the core while the rank sleeps slows the backward, not the
+    forward: the backward is measured, not predicted from the forward's pace."""
+    clock = _Clock(forward_load, backward_load)
+    monkeypatch.setattr(emulator_module, "time", clock)
+    emu = _Phases(clock, [3.0], headroom=1.0)
+    _fit(emu, batch=8, clock=clock)
+    assert emu.phases == pytest.approx([3.0 * 0.003 * 8] * 6)
+
+
+def test_a_parameter_without_a_gradient_moves_the_sleep_after_the_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last expected gradient never comes: the step still lasts 3 x its work."""
     clock = _Clock()
     monkeypatch.setattr(emulator_module, "time", clock)
-    emu = _Delays([3.0], backward_ratio=0.5)
-    _fit(emu, batch=10, clock=clock)
-    delays = [d for _, d, _ in emu.per_step]
-    assert delays[0] == pytest.approx(2 * 0.010 * 1.5)
-    assert all(a < b < 2 * 0.010 * 3.0 for a, b in itertools.pairwise(delays))
+    emu = _Phases(clock, [3.0])
+    _fit(emu, batch=8, clock=clock, unused=True)
+    assert emu.phases == pytest.approx([3.0 * 0.003 * 8] * 6)
+
+
+class _RexTiming(L.Callback):
+    """Times each step's compute as a RexCallback does, with a ComputeTimer."""
+
+    def __init__(self) -> None:
+        self.timer: ComputeTimer | None = None
+        self.seconds: list[float] = []
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.timer = ComputeTimer(pl_module.device)
+        self.timer.attach(pl_module.parameters())
+
+    def on_train_batch_start(self, *_: Any) -> None:
+        assert self.timer is not None
+        self.timer.start()
+
+    def on_train_batch_end(self, *_: Any) -> None:
+        assert self.timer is not None
+        self.timer.stop()
+        self.seconds += self.timer.resolve([self.timer.take_step()])
+
+
+@pytest.mark.parametrize("rex_first", [True, False])
+def test_rex_measures_the_emulated_compute_in_either_callback_order(
+    rex_first: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sleep comes before the last gradient is accumulated, so before the hook that ends
+    rex's compute time, whichever callback registered its hooks first."""
+    clock = _Clock(load=2.0)
+    monkeypatch.setattr(emulator_module, "time", clock)
+    monkeypatch.setattr(timing_module, "time", clock)
+    emu, rex = HeterogeneityEmulator([3.0]), _RexTiming()
+    torch.set_num_threads(1)
+    ds = TensorDataset(torch.randn(48, 16, 32), torch.randint(0, 10, (48,)))
+    t = quiet_trainer(
+        accelerator="cpu", devices=1, max_steps=6, callbacks=[rex, emu] if rex_first else [emu, rex]
+    )
+    t.fit(_TimedModel(clock), DataLoader(ds, batch_size=8))
+    assert rex.seconds == pytest.approx([3.0 * 0.003 * 8] * 6)
 
 
 def test_slowdowns_must_match_world_size() -> None:

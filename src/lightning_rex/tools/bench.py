@@ -222,7 +222,7 @@ def _run_once(
         out = os.path.join(tmp, "result.json")
         strategy: Any
         callbacks: list[L.Callback] = [
-            HeterogeneityEmulator(args.slowdowns, args.events),
+            HeterogeneityEmulator(args.slowdowns, args.events, headroom=args.headroom),
             _StepTimer(out, args.warmup, args.threads, pin=args.pin, on_step=on_step),
         ]
         if strategy_name == "ddp":
@@ -246,7 +246,8 @@ def _run_once(
             default_root_dir=tmp,
         )
         torch.manual_seed(0)
-        trainer.fit(BenchModel(), DataLoader(ds, batch_size=PER_RANK_BATCH, shuffle=True))
+        loader = DataLoader(ds, batch_size=PER_RANK_BATCH, shuffle=True)
+        trainer.fit(BenchModel(depth=args.depth), loader)
         return dict(json.loads(Path(out).read_text()))
 
 

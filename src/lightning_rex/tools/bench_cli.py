@@ -57,6 +57,26 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _headroom(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 1, got {text}")
+    return value
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register the ``bench`` sub-command.
 
@@ -106,6 +126,22 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=json.loads,
         default=None,
         help='emulated events as JSON: [{"ranks":[1],"start":100,"end":120,"factor":4}]',
+    )
+    p.add_argument(
+        "--depth",
+        type=_positive_int,
+        default=6,
+        help="how many times the model applies its shared hidden layer: the work per "
+        "sample (default 6)",
+    )
+    p.add_argument(
+        "--headroom",
+        type=_headroom,
+        default=1.0,
+        help="emulate every rank as a device this many times slower than its CPU core "
+        "(default 1: the fastest rank runs at the core's speed); 2 or more keeps the "
+        "step times of a run, and so its ratios, unchanged by another process on the "
+        "machine (see HeterogeneityEmulator)",
     )
     p.add_argument("--repeat", type=int, default=1, help="interleaved repeats (default 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")

@@ -1,19 +1,32 @@
 """``HeterogeneityEmulator``: make ranks of one machine behave like slower GPUs.
 
 A rank with slowdown ``f`` must take ``f`` times its real compute time per step, and the
-extra time must sit *inside* its compute phase, before its gradients are ready, so that it
-delays the all-reduce exactly as a slower GPU would, and it must scale with the step's own
-work (a smaller micro-batch gets a shorter delay). The emulator therefore sleeps right after
-the forward pass (``on_before_backward``) for ``(f - 1) x (forward + backward)`` of this
-step, where the backward time is the step's forward time times the backward/forward ratio
-measured on earlier steps (from ``on_before_backward`` until the last local gradient is
-accumulated, which excludes waiting for peers). Sleeping frees the CPU core, like an idle
-host waiting on a slow device.
+extra time must sit *inside* its compute phase, before the all-reduce has its gradients, so
+that it delays the all-reduce exactly as a slower GPU would, and it must scale with the step's
+own work (a smaller micro-batch gets a shorter delay). The emulator therefore sleeps when the
+backward has computed the step's last gradient, in a hook on that gradient, which runs before
+the gradient is accumulated, so before DDP's reducer is told it is ready and before any
+post-accumulate hook (a ``RexCallback`` takes its compute time from those, in whichever order
+the callbacks come): it sleeps until the compute phase (from the batch's start) has lasted
+``f x headroom`` times the step's work, forward and backward, both measured. Sleeping frees the CPU core, like an idle host waiting on a slow
+device. A step whose backward leaves some parameter without a gradient sleeps after the
+backward instead (the same step time; the all-reduce ran before it).
+
+The work is the rank's CPU time where it computes on the CPU with one thread: time the rank
+spends descheduled, because another process shares its core, is not work, so that load does
+not multiply the emulated slowdown; the sleep absorbs it while the load takes less than the
+``f x headroom`` share. Elsewhere (CUDA, after synchronising; several CPU threads) the work is
+wall time. ``headroom`` above 1 makes every rank, the fastest included, an emulated device
+that computes ``headroom`` times slower than its host: a host shared with other processes
+then changes no rank's step time while the rank gets at least ``1 / (f x headroom)`` of its
+core.
 """
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,18 +103,27 @@ class HeterogeneityEmulator(Callback):
         events: Temporary slowdowns, each ``{"ranks": [1], "start": 100, "end": 120,
             "factor": 4.0}`` with ``start``/``end`` in optimizer steps, ``end`` exclusive;
             ``factor`` multiplies the ranks' slowdown during the event.
-        backward_ratio: The backward/forward time ratio assumed until one is measured.
+        backward_ratio: Deprecated and ignored: the backward is measured, not predicted
+            from the forward; passing it warns (``FutureWarning``).
+        headroom: A factor >= 1 on every rank's compute time, the fastest rank's included:
+            each rank's forward and backward last ``slowdown x headroom`` times their work
+            (CPU time on a one-thread CPU rank), so that a process sharing the rank's core
+            does not change its step time while it leaves the rank ``1 / (slowdown x
+            headroom)`` of the core. 1.0 (the default): a rank of slowdown 1 runs at its
+            real speed.
 
     Raises:
-        ValueError: For slowdowns below 1, malformed events, or (at fit start) a slowdown
-            list whose length is not the world size.
+        ValueError: For slowdowns below 1, malformed events, a ``headroom`` that is not a
+            finite number >= 1, or (at fit start) a slowdown list whose length is not the
+            world size.
     """
 
     def __init__(
         self,
         slowdowns: Sequence[float] | None = None,
         events: Sequence[Mapping[str, Any]] | None = None,
-        backward_ratio: float = 2.0,
+        backward_ratio: float | None = None,
+        headroom: float = 1.0,
     ) -> None:
         if slowdowns is not None:
             bad = [s for s in slowdowns if not float(s) >= 1.0]
@@ -110,15 +132,28 @@ class HeterogeneityEmulator(Callback):
                     "slowdowns must all be >= 1.0 (a factor on compute time), got "
                     f"{list(slowdowns)}"
                 )
-        if not backward_ratio > 0:
-            raise ValueError(f"backward_ratio must be > 0, got {backward_ratio}")
+        if backward_ratio is not None:
+            warnings.warn(
+                "HeterogeneityEmulator(backward_ratio=...) is ignored and will be removed: the "
+                "emulator now measures each step's backward instead of predicting it",
+                FutureWarning,
+                stacklevel=2,
+            )
+        if isinstance(headroom, bool) or not isinstance(headroom, (int, float)):
+            raise ValueError(f"headroom must be a number >= 1, got {headroom!r}")
+        if not 1.0 <= headroom < math.inf:
+            raise ValueError(f"headroom must be a finite number >= 1, got {headroom}")
         self.slowdowns = None if slowdowns is None else tuple(float(s) for s in slowdowns)
         self.events = tuple(EmulatedEvent.from_mapping(e, i) for i, e in enumerate(events or ()))
-        self._ratio = float(backward_ratio)
+        self.headroom = float(headroom)
+        self._cpu_clock = False
         self._t_start = 0.0
-        self._t_fwd_end = 0.0
-        self._fwd = 0.0
-        self._last_grad = 0.0
+        self._work_start = 0.0
+        self._target = 1.0  # slowdown x headroom of the step in progress
+        self._grads = 0  # gradients accumulated in this step's backward
+        self._expected = 0  # gradients a backward accumulates: the last one sleeps
+        self._slept = True
+        self._device: torch.device | None = None
         self._handles: list[Any] = []
         self.total_delay_s = 0.0
 
@@ -151,7 +186,8 @@ class HeterogeneityEmulator(Callback):
             raise ValueError(f"events name ranks {bad}, but the world size is {n}")
         for p in pl_module.parameters():
             if p.requires_grad:
-                self._handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+                self._handles.append(p.register_hook(self._grad_computed))
+        self._expected = len(self._handles)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Remove the gradient hooks."""
@@ -172,36 +208,50 @@ class HeterogeneityEmulator(Callback):
             h.remove()
         self._handles.clear()
 
-    def _grad_ready(self, _: Tensor) -> None:
-        self._last_grad = time.perf_counter()
+    def _work_clock(self) -> float:
+        """The clock that measures the rank's work: its thread's CPU time, or wall time."""
+        return time.thread_time() if self._cpu_clock else time.perf_counter()
+
+    def _grad_computed(self, _: Tensor) -> None:
+        # a leaf's gradient hook runs before its AccumulateGrad, so before every post-accumulate
+        # hook and DDP's reducer hook; on a CPU rank it runs on the thread that called backward,
+        # whose CPU clock the work is read from
+        self._grads += 1
+        if self._grads == self._expected:
+            self._sleep()
+
+    def _sleep(self) -> None:
+        """Sleep until the compute phase has lasted ``target x work`` (once a step)."""
+        self._slept = True
+        if self._target <= 1.0:
+            return
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        wall = time.perf_counter() - self._t_start
+        work = self._work_clock() - self._work_start
+        delay = max(0.0, self._target * work - wall)
+        time.sleep(delay)
+        self.total_delay_s += delay
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """Mark the start of the step's compute."""
+        """Mark the start of the step's compute, and choose the clock that measures work."""
         self._sync(pl_module)
+        self._device = pl_module.device
+        # decided per step: another callback may set the thread count at fit start
+        self._cpu_clock = pl_module.device.type == "cpu" and torch.get_num_threads() == 1
+        self._target = self.factor(trainer.global_rank, trainer.global_step) * self.headroom
+        self._grads, self._slept = 0, False
         self._t_start = time.perf_counter()
-
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor
-    ) -> None:
-        """After the forward pass: sleep the extra compute time of a slower device."""
-        self._sync(pl_module)
-        now = time.perf_counter()
-        self._fwd = now - self._t_start
-        f = self.factor(trainer.global_rank, trainer.global_step)
-        if f > 1.0:
-            delay = (f - 1.0) * self._fwd * (1.0 + self._ratio)
-            time.sleep(delay)
-            self.total_delay_s += delay
-        self._t_fwd_end = time.perf_counter()
-        self._last_grad = self._t_fwd_end
+        self._work_start = self._work_clock()
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Update the backward/forward ratio from this step's local backward time."""
-        bwd = self._last_grad - self._t_fwd_end
-        if self._fwd > 0 and bwd > 0:
-            self._ratio = 0.8 * self._ratio + 0.2 * (bwd / self._fwd)
+        """Sleep here if no gradient hook did (a parameter got no gradient this step)."""
+        if not self._slept:
+            self._sleep()
+        if self._grads:
+            self._expected = self._grads  # the next backward likely leaves out the same
 
     @staticmethod
     def _sync(pl_module: pl.LightningModule) -> None:
