@@ -17,6 +17,12 @@ has a core per rank), as a cluster gives each rank its own GPU: unpinned, the sc
 two busy ranks and their helper threads between two cores and the run-to-run spread of a
 ratio grows from about 3% to about 6%. Pinning applies to every strategy alike.
 
+``--headroom 2`` makes every rank an emulated device at half its core's speed (the emulator
+sleeps the rest of each compute phase), so that another process on the machine, taking up to
+half a rank's core, leaves the step times, and so the ratios, as they are; ``--depth`` sets
+the model's work per sample (``--depth 3`` halves it, so the steps take about as long as
+without the headroom). ``examples/quickstart.py`` runs with both.
+
 This module is the command line only; the runs are in :mod:`lightning_rex.tools.bench`,
 imported when the command runs.
 """

@@ -8,9 +8,10 @@ backward has computed the step's last gradient, in a hook on that gradient, whic
 the gradient is accumulated, so before DDP's reducer is told it is ready and before any
 post-accumulate hook (a ``RexCallback`` takes its compute time from those, in whichever order
 the callbacks come): it sleeps until the compute phase (from the batch's start) has lasted
-``f x headroom`` times the step's work, forward and backward, both measured. Sleeping frees the CPU core, like an idle host waiting on a slow
-device. A step whose backward leaves some parameter without a gradient sleeps after the
-backward instead (the same step time; the all-reduce ran before it).
+``f x headroom`` times the step's work, forward and backward, both measured. Sleeping frees
+the CPU core, like an idle host waiting on a slow device. A step whose backward leaves some
+parameter without a gradient sleeps after the backward instead (the same step time; the
+all-reduce ran before it).
 
 The work is the rank's CPU time where it computes on the CPU with one thread: time the rank
 spends descheduled, because another process shares its core, is not work, so that load does
