@@ -20,7 +20,7 @@ In your own script the change is two lines::
     import lightning_rex  # registers the "rex" strategy
     trainer = L.Trainer(devices=2, strategy="rex")  # was strategy="ddp"
 
-Run it (about 7 minutes on two cores; ``--repeat 5`` for a tighter median)::
+Run it (about 5 minutes on two cores; ``--repeat 5`` for a tighter median)::
 
     python examples/quickstart.py
     python examples/quickstart.py --repeat 5 --steps 300
