@@ -78,35 +78,24 @@ def test_bad_arguments(argv: list[str], match: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "match"),
+    ("flag", "value", "match"),
     [
-        ("0.5", "must be a finite number >= 1, got 0.5"),
-        ("inf", "got inf"),
-        ("nan", "got nan"),
-        ("two", "not a number: 'two'"),
+        ("--headroom", "0.5", "must be a finite number >= 1, got 0.5"),
+        ("--headroom", "inf", "got inf"),
+        ("--headroom", "nan", "got nan"),
+        ("--headroom", "two", "not a number: 'two'"),
+        ("--depth", "0", "must be at least 1, got 0"),
+        ("--depth", "2.5", "not an integer: '2.5'"),
     ],
 )
-def test_a_bad_headroom_is_one_line_and_exit_2(
-    value: str, match: str, capsys: pytest.CaptureFixture[str]
+def test_a_bad_headroom_or_depth_is_one_line_and_exit_2(
+    flag: str, value: str, match: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "--headroom", value])
+        main(["bench", flag, value])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--headroom" in err and match in err
-
-
-@pytest.mark.parametrize(
-    ("value", "match"), [("0", "must be at least 1, got 0"), ("2.5", "not an integer: '2.5'")]
-)
-def test_a_bad_depth_is_one_line_and_exit_2(
-    value: str, match: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "--depth", value])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--depth" in err and match in err
+    assert flag in err and match in err
 
 
 def _affinity_after_pin(q: Any, rank: int, world: int) -> None:

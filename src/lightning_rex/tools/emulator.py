@@ -175,7 +175,7 @@ class HeterogeneityEmulator(Callback):
         return f
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Validate against the world size and hook the parameters' gradient accumulation."""
+        """Validate against the world size and hook the parameters' gradients."""
         n = trainer.world_size
         if self.slowdowns is not None and len(self.slowdowns) != n:
             raise ValueError(
@@ -226,8 +226,7 @@ class HeterogeneityEmulator(Callback):
         self._slept = True
         if self._target <= 1.0:
             return
-        if self._device is not None and self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
+        self._sync()
         wall = time.perf_counter() - self._t_start
         work = self._work_clock() - self._work_start
         delay = max(0.0, self._target * work - wall)
@@ -238,8 +237,8 @@ class HeterogeneityEmulator(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         """Mark the start of the step's compute, and choose the clock that measures work."""
-        self._sync(pl_module)
         self._device = pl_module.device
+        self._sync()
         # decided per step: another callback may set the thread count at fit start
         self._cpu_clock = pl_module.device.type == "cpu" and torch.get_num_threads() == 1
         self._target = self.factor(trainer.global_rank, trainer.global_step) * self.headroom
@@ -254,7 +253,6 @@ class HeterogeneityEmulator(Callback):
         if self._grads:
             self._expected = self._grads  # the next backward likely leaves out the same
 
-    @staticmethod
-    def _sync(pl_module: pl.LightningModule) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
+    def _sync(self) -> None:
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
