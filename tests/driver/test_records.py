@@ -11,14 +11,6 @@ import pytest
 from lightning_rex.driver.records import DecisionLog, window_metrics
 
 
-class _Logger:
-    def __init__(self) -> None:
-        self.logged: list[tuple[dict[str, float], int]] = []
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.logged.append((metrics, step))
-
-
 def _record(run: str, start: int) -> dict[str, Any]:
     return {
         "run_id": run,
@@ -35,14 +27,13 @@ def _record(run: str, start: int) -> dict[str, Any]:
 
 
 def test_a_resumed_run_writes_no_window_twice_and_other_runs_stay_apart(tmp_path: Path) -> None:
-    logger = _Logger()
-    log = DecisionLog(tmp_path, [logger], "run-a")
-    assert log.write(_record("run-a", 0), step=10) and log.write(_record("run-a", 10), step=20)
-    resumed = DecisionLog(tmp_path, [logger], "run-a")  # a resume of run-a, same directory
-    assert not resumed.write(_record("run-a", 10), step=20)  # written before the crash
-    assert resumed.write(_record("run-a", 20), step=30)
-    other = DecisionLog(tmp_path, [], "run-b")  # a second fit in the same directory
-    assert other.write(_record("run-b", 10), step=20)
+    log = DecisionLog(tmp_path, "run-a")
+    assert log.write(_record("run-a", 0)) and log.write(_record("run-a", 10))
+    resumed = DecisionLog(tmp_path, "run-a")  # a resume of run-a, same directory
+    assert not resumed.write(_record("run-a", 10))  # written before the crash
+    assert resumed.write(_record("run-a", 20))
+    other = DecisionLog(tmp_path, "run-b")  # a second fit in the same directory
+    assert other.write(_record("run-b", 10))
     recs = DecisionLog.read(tmp_path / "rex_decisions.jsonl")
     assert [(r["run_id"], r["window"][0]) for r in recs] == [
         ("run-a", 0),
@@ -50,8 +41,7 @@ def test_a_resumed_run_writes_no_window_twice_and_other_runs_stay_apart(tmp_path
         ("run-a", 20),
         ("run-b", 10),
     ]
-    assert [step for _, step in logger.logged] == [10, 20, 30]
-    assert logger.logged[0][0]["rex/dropped_samples"] == 2.0
+    assert window_metrics(recs[0])["rex/dropped_samples"] == 2.0
 
 
 def test_a_partial_last_line_is_skipped_on_read_and_cut_before_appending(tmp_path: Path) -> None:
@@ -60,8 +50,8 @@ def test_a_partial_last_line_is_skipped_on_read_and_cut_before_appending(tmp_pat
     with pytest.warns(UserWarning, match="partial last line"):
         assert len(DecisionLog.read(path)) == 1
     with pytest.warns(UserWarning, match="removing a partial last line"):
-        log = DecisionLog(tmp_path, [], "a")
-    log.write(_record("a", 10), step=20)
+        log = DecisionLog(tmp_path, "a")
+    log.write(_record("a", 10))
     assert [r["window"][0] for r in DecisionLog.read(path)] == [0, 10]
 
 
@@ -81,8 +71,8 @@ def test_a_malformed_line_anywhere_is_skipped_and_named(tmp_path: Path) -> None:
         recs = DecisionLog.read(path)
     assert [(r["run_id"], r["window"][0]) for r in recs] == [("a", 0), ("b", 10)]
     with pytest.warns(UserWarning, match="skipped 2"):
-        log = DecisionLog(tmp_path, [], "c")  # a new fit in that directory starts and writes
-    assert log.write(_record("c", 0), step=10)
+        log = DecisionLog(tmp_path, "c")  # a new fit in that directory starts and writes
+    assert log.write(_record("c", 0))
 
 
 def test_window_metrics_flatten_a_record() -> None:

@@ -186,6 +186,9 @@ def test_the_loop_gives_windows_the_wall_clock_with_the_all_reduce() -> None:
         def rank_model_summary(self):
             return {}
 
+        def even_split_estimate(self):
+            return None
+
     loop = LoopConfig(window=10, warmup=2, background=False)
     run_loop(8, 2, 40, lambda step, plan: np.array([0.02, 0.03]), Record(), loop, comm=0.01)
     assert seen and all(w.overhead_s == pytest.approx(0.01) for w in seen)

@@ -126,7 +126,7 @@ def pending_to_state(entry: Pending) -> dict[str, Any]:
             "start": w.step_start,
             "end": w.step_end,
         },
-        "info": {k: entry.info.get(k) for k in _INFO_KEYS},
+        "info": {k: entry.info.get(k) for k in (*_INFO_KEYS, "even_step_s")},
         "decision": entry.outcome.to_dict(),
     }
 
@@ -190,6 +190,11 @@ def pending_from_state(
     clean["dropped_samples"] = (
         optional(clean["dropped_samples"], whole, f"{name}.info.dropped_samples", 0) or 0
     )
+    even = info.get("even_step_s")
+    if even is not None:
+        if not (isinstance(even, list) and len(even) == 3):
+            raise StateError(f"{name}.info.even_step_s", f"must be 3 numbers or null, got {even!r}")
+        clean["even_step_s"] = [real(v, f"{name}.info.even_step_s") for v in even]
     decision = Decision.from_dict(field(d, "decision", name), f"{name}.decision")
     if decision.plan is not None:
         if len(decision.plan) != world_size:

@@ -39,6 +39,9 @@ class LoopConfig:
             warm-up (the cold start's look at the initial plan, a guess worth replacing
             early); its decision is exchanged ``first_look // 2`` steps later (at least 1).
             None: ``min_steps``. In ``[min_steps, segment]``.
+        estimate: After every window, record the decider's estimate of the even split's
+            step time (``even_step_ms`` in the record: what the report sets the measured
+            throughput against). The simulator, which knows the true times, turns it off.
 
     Raises:
         ValueError: Naming the argument, for values outside those ranges.
@@ -52,6 +55,7 @@ class LoopConfig:
     min_steps: int = 5
     looks: int = 1
     first_look: int | None = None
+    estimate: bool = True
 
     def __post_init__(self) -> None:
         if not (is_integer(self.window) and self.window >= 5):
@@ -60,6 +64,8 @@ class LoopConfig:
             raise ValueError(f"looks must be an integer >= 1, got {self.looks!r}")
         if not isinstance(self.background, bool):
             raise ValueError(f"background must be True or False, got {self.background!r}")
+        if not isinstance(self.estimate, bool):
+            raise ValueError(f"estimate must be True or False, got {self.estimate!r}")
         if self.segment < 5:
             raise ValueError(
                 f"looks={self.looks} cuts window={self.window} into segments of"

@@ -241,7 +241,7 @@ class WindowDriver:
                     # this run's bounds, not the checkpoint's (a new minimum, say)
                     self.decider.set_bounds(bounds.min_size, bounds.caps(n))
                 self.observer = BackgroundObserver(
-                    self.decider, bounds.min_size, self.config.background
+                    self.decider, bounds.min_size, self.config.background, self.config.estimate
                 )
                 if same and saved is not None:
                     self.observer.restore(saved["pending"])
@@ -305,11 +305,11 @@ class WindowDriver:
             telemetry = self.collectives.gather_objects(local)
         if self.is_rank_zero:
             with self.guard("building the window"):
-                self._submit(gathered[:, :k], gathered[:, k], telemetry)
+                self._submit(gathered[:, :k], gathered[:, k], telemetry, step + lag)
         self._samples, self._steps = [], []
         self._schedule_exchange(step + lag)
 
-    def _submit(self, times: np.ndarray, caps_col: np.ndarray, telemetry: Any) -> None:
+    def _submit(self, times: np.ndarray, caps_col: np.ndarray, telemetry: Any, due: int) -> None:
         assert self.observer is not None and self._window_plan is not None
         k = times.shape[1]
         good, bad = usable_steps(times, self._steps, self.dropped)
@@ -328,7 +328,7 @@ class WindowDriver:
             "dropped_samples": bad,
         }
         caps = None if bool((caps_col < 0).all()) else [None if c < 0 else int(c) for c in caps_col]
-        self.observer.submit(window, info, caps)
+        self.observer.submit(window, info, caps, due)
 
     def _schedule_exchange(self, step: int) -> None:
         self._exchange_at = step if self._exchange_at is None else min(self._exchange_at, step)
@@ -342,7 +342,7 @@ class WindowDriver:
         row = ExchangeMessage().to_row(n)
         if self.is_rank_zero and self.observer is not None:
             with self.guard("deciding on a window"):
-                ready = self._take_decisions()
+                ready = self._take_decisions(step)
                 row = ExchangeMessage.from_ready(
                     [float(e.window.medians.max() / e.window.medians.min() - 1) for e in ready],
                     [self._to_apply(e) for e in ready],
@@ -375,10 +375,14 @@ class WindowDriver:
         if self._on_exchange is not None:
             self._on_exchange(msg)
 
-    def _take_decisions(self) -> list[Pending]:
-        """Rank 0: the decisions ready now; a decider's error is raised (into the guard)."""
+    def _take_decisions(self, step: int | None = None) -> list[Pending]:
+        """Rank 0: the decisions ready now, and those whose own exchange is past (waited for).
+
+        A decision still computing at its exchange is waited for at the next poll, so it
+        lands at most one poll late; a decider's error is raised (into the guard).
+        """
         assert self.observer is not None
-        return self.observer.take_decisions(self.config.apply_plans)
+        return self.observer.take_decisions(self.config.apply_plans, step)
 
     def _to_apply(self, e: Pending) -> Plan | None:
         d = e.outcome

@@ -3,8 +3,11 @@
 :class:`BackgroundObserver` hands windows to the decider in one background thread that only
 computes (no collective ever leaves it). Windows are observed in order; their outcomes queue
 up until the driver takes the ones that are ready at an exchange step. A decision still being
-computed is simply not ready: the exchange says "none" and the training thread never waits
-for the decider (an occasional hyperparameter refit takes a few hundred milliseconds of CPU).
+computed at its own exchange is not ready: that exchange says "none", and the training thread
+does not wait for it (an occasional hyperparameter refit takes a few hundred milliseconds of
+CPU). At the next poll, one decision lag later, the driver waits for it: a decision is never
+later than that, however busy the host (the thread runs at the lowest priority, and where
+other processes take every core it would otherwise fall behind for the rest of the run).
 
 An outcome is a :class:`~lightning_rex.core.decide.controller.Decision` or the exception the decider
 raised: an error in the thread is never raised there (nobody would see it) nor on rank 0
@@ -24,6 +27,7 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,11 +54,14 @@ class Pending:
         window: The window.
         info: Its extras for the record (throughput, telemetry, dropped samples).
         outcome: The decision or the exception, once known.
+        due: The step of the window's own exchange: a poll after it waits for the outcome
+            (the seconds waited go into ``info["exchange_wait_s"]``).
     """
 
     window: Window
     info: dict[str, Any]
     outcome: Outcome | None = None
+    due: int = 0
 
 
 class BackgroundObserver:
@@ -65,11 +72,16 @@ class BackgroundObserver:
         min_size: The smallest micro-batch, passed with every window's measured caps.
         background: Use a background thread; False observes inline, on submit, so that
             every decision is ready at the next exchange (deterministic timing).
+        estimate: After each window, ask the decider for its even-split estimate
+            (``info["even_step_s"]``, for the report's headline), in the same thread.
     """
 
-    def __init__(self, decider: Decider, min_size: int = 1, background: bool = True) -> None:
+    def __init__(
+        self, decider: Decider, min_size: int = 1, background: bool = True, estimate: bool = False
+    ) -> None:
         self.decider = decider
         self.min_size = int(min_size)
+        self.estimate = bool(estimate)
         self._pool = (
             concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="rex", initializer=_lowest_priority
@@ -88,7 +100,11 @@ class BackgroundObserver:
         return bool(self._queue)
 
     def submit(
-        self, window: Window, info: dict[str, Any], max_sizes: Sequence[int | None] | None = None
+        self,
+        window: Window,
+        info: dict[str, Any],
+        max_sizes: Sequence[int | None] | None = None,
+        due: int = 0,
     ) -> None:
         """Queue ``window`` for the decider.
 
@@ -97,8 +113,10 @@ class BackgroundObserver:
             info: The window's extras, returned with its outcome.
             max_sizes: Per-rank size caps measured with the window (memory); they are set
                 on the decider in the same thread, just before it observes the window.
+            due: The step of the window's own exchange; a later poll waits for its outcome
+                (:meth:`take_ready`).
         """
-        entry = Pending(window, info)
+        entry = Pending(window, info, due=int(due))
         caps = None if max_sizes is None else list(max_sizes)
         if self._pool is not None:
             self._queue.append((entry, self._pool.submit(self._observe, entry, caps)))
@@ -111,13 +129,20 @@ class BackgroundObserver:
             if caps is not None:
                 self.decider.set_bounds(self.min_size, caps)
             entry.outcome = self.decider.observe(entry.window)
+            if self.estimate:
+                entry.info["even_step_s"] = self.decider.even_split_estimate()
         except BaseException as err:  # reported through the next exchange, on every rank
             entry.outcome = err
 
-    def take_ready(self) -> list[Pending]:
-        """Remove and return the entries whose outcome is known, oldest first, without waiting.
+    def take_ready(self, step: int | None = None) -> list[Pending]:
+        """Remove and return the entries whose outcome is known, oldest first.
 
-        Stops at the first one still computing, so outcomes are always taken in order.
+        Stops at the first one still computing, so outcomes are always taken in order,
+        unless its exchange is past: a poll at ``step > due`` waits for that outcome (and
+        so for every one queued before it). Without ``step`` it never waits.
+
+        Args:
+            step: The step of the poll, or None.
 
         Returns:
             The entries.
@@ -126,7 +151,11 @@ class BackgroundObserver:
         while self._queue:
             entry, future = self._queue[0]
             if future is not None and not future.done():
-                break
+                if step is None or step <= entry.due:
+                    break
+                start = time.perf_counter()
+                future.result()  # _observe keeps any error in the entry: this never raises
+                entry.info["exchange_wait_s"] = time.perf_counter() - start
             self._queue.popleft()
             out.append(entry)
         return out
@@ -153,12 +182,13 @@ class BackgroundObserver:
         """
         self._queue = collections.deque((e, None) for e in entries)
 
-    def take_decisions(self, apply_plans: bool) -> list[Pending]:
+    def take_decisions(self, apply_plans: bool, step: int | None = None) -> list[Pending]:
         """The decisions ready now (:meth:`take_ready`), or the decider's error, raised.
 
         Args:
             apply_plans: Whether plans are applied; in monitor-only use every proposal is
                 declined here (it becomes a recommendation).
+            step: The step of the poll: a decision whose exchange is past is waited for.
 
         Returns:
             The entries, each with its decision.
@@ -166,7 +196,7 @@ class BackgroundObserver:
         Raises:
             BaseException: The decider's error, or a window's, as it was raised.
         """
-        ready = self.take_ready()
+        ready = self.take_ready(step)
         if self.error is not None:
             raise self.error
         for e in ready:

@@ -251,3 +251,11 @@ class Decider(Protocol):
     def rank_model_summary(self) -> dict[str, list[float]]:
         """Per-rank fitted ``rate`` and ``overhead_s`` (empty for a decider without a model)."""
         ...
+
+    def even_split_estimate(self) -> tuple[float, float, float] | None:
+        """The even plan's predicted synchronous compute time, ``(mean, low, high)`` seconds.
+
+        A 95% interval, from what the windows so far taught the model; None for a decider
+        without a model or before its first window.
+        """
+        ...

@@ -8,8 +8,9 @@ or thermally throttled. Every record carries the run's ``run_id`` (kept across r
 and a UTC ``time``, so that two runs writing to one directory stay apart; a resumed fit is a
 run of its own whose records name the run it resumed (``resumed_from``).
 
-:class:`DecisionLog` appends records to the JSONL file and logs their scalars to the
-Trainer's loggers (any objects with ``log_metrics(metrics, step)``). A resumed run may come
+:class:`DecisionLog` appends records to the JSONL file (training logs their scalars,
+:func:`window_metrics`, to the Trainer's loggers at Lightning's own logging steps, and
+prints :func:`decision_line` for every decision that is not a hold). A resumed run may come
 back to a window whose record the interrupted run already wrote (its decision was saved in
 the checkpoint before it was exchanged): the log skips a record whose ``run_id`` and
 ``window`` the file already holds. :meth:`DecisionLog.read` skips, counts and warns about
@@ -36,6 +37,7 @@ __all__ = [
     "MAX_LOG_BYTES",
     "DecisionLog",
     "build_record",
+    "decision_line",
     "pending_record",
     "window_metrics",
 ]
@@ -50,6 +52,14 @@ DECISION_CODES = {"hold": 0, "propose": 1, "accept": 2, "rollback": 3, "recommen
 
 def _ms(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else 1000.0 * value
+
+
+def _even_ms(value: Sequence[float] | None) -> list[float] | None:
+    """The even split's estimated step, ``[mean, low, high]`` in ms, or None."""
+    if value is None:
+        return None
+    out = [_ms(float(v)) for v in value]
+    return None if any(v is None for v in out) else [float(v) for v in out if v is not None]
 
 
 def build_record(
@@ -71,8 +81,10 @@ def build_record(
         window: The observed window.
         decision: The decider's decision on it.
         info: The window's extras: ``telemetry`` (per rank, or None),
-            ``global_samples_per_s``, ``window_samples``, ``window_wall_s`` and
-            ``dropped_samples``.
+            ``global_samples_per_s``, ``window_samples``, ``window_wall_s``,
+            ``dropped_samples``, the decider's ``even_step_s`` estimate (or None) and, when
+            training waited for the decision at a poll after its exchange,
+            ``exchange_wait_s``.
         kind: The decision as applied: the decision's kind, or ``"recommend"`` for a
             proposal that monitor-only use did not apply.
         new_plan: The plan proposed (applied or recommended), or None.
@@ -114,6 +126,8 @@ def build_record(
         "window_samples": info.get("window_samples"),
         "window_wall_s": info.get("window_wall_s"),
         "dropped_samples": int(info.get("dropped_samples", 0)),
+        "exchange_wait_ms": _ms(info.get("exchange_wait_s")),
+        "even_step_ms": _even_ms(info.get("even_step_s")),
         "telemetry": telemetry,
         "throttled_slow_ranks": [
             r for r in slow if telemetry and (telemetry[r] or {}).get("throttled", False)
@@ -165,6 +179,39 @@ def pending_record(
     )
 
 
+def decision_line(record: dict[str, Any]) -> str | None:
+    """One line for a person: what a record decided, to which plan, why, and its gain.
+
+    Args:
+        record: A window record (:func:`build_record`).
+
+    Returns:
+        The line, or None for a ``hold`` (nothing changes).
+    """
+    kind = record["decision"]
+    if kind in ("hold", "skip"):
+        return None
+    plan, new = list(record["plan"]), record.get("new_plan")
+    at = record.get("effective_step")
+    where = f" from step {at}" if at is not None else ""
+    gain = record.get("predicted_speedup")
+    if kind == "propose" and new is not None:
+        what = f"new plan {list(new)}{where} (was {plan})"
+    elif kind == "recommend" and new is not None:
+        what = f"recommends plan {list(new)} (monitor-only; plan {plan} stays)"
+    elif kind == "rollback" and new is not None:
+        what = f"rolls back to {list(new)}{where} (from {plan})"
+        gain = None
+    elif kind == "accept":
+        what = f"keeps plan {plan}"
+        gain = None
+    else:
+        what = f"{kind} {plan}"
+    if gain is not None and kind in ("propose", "recommend"):
+        what += f", predicted {gain:.2f}x as fast"
+    return f"lightning-rex step {record['step']}: {what}: {record['reason']}"
+
+
 def window_metrics(record: dict[str, Any]) -> dict[str, float]:
     """Flatten a window record into scalar metrics for loggers.
 
@@ -203,18 +250,16 @@ def _key(record: dict[str, Any]) -> tuple[str, int, int]:
 
 
 class DecisionLog:
-    """Write window records to loggers and to ``rex_decisions.jsonl`` (rank 0 only).
+    """Write window records to ``rex_decisions.jsonl`` (rank 0 only).
 
     Args:
         directory: The run's log directory; the JSONL file is created there.
-        loggers: Objects with ``log_metrics(metrics, step)`` (the Trainer's loggers).
         run_id: The run's id: records of this run already in the file are not written again.
     """
 
-    def __init__(self, directory: str | Path, loggers: Sequence[Any], run_id: str) -> None:
+    def __init__(self, directory: str | Path, run_id: str) -> None:
         self.path = Path(directory) / "rex_decisions.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.loggers = list(loggers)
         self._repair()
         self._written = {
             _key(r) for r in self.read(self.path) if r.get("run_id") == run_id and "window" in r
@@ -247,12 +292,11 @@ class DecisionLog:
             stacklevel=3,
         )
 
-    def write(self, record: dict[str, Any], step: int) -> bool:
-        """Append ``record`` and log its scalars at ``step``, unless the file holds it already.
+    def write(self, record: dict[str, Any]) -> bool:
+        """Append ``record``, unless the file holds it already.
 
         Args:
             record: The window record (JSON-able).
-            step: The logger step.
 
         Returns:
             Whether it was written (False for a window this run already logged).
@@ -263,9 +307,6 @@ class DecisionLog:
         self._written.add(key)
         with self.path.open("a") as fh:
             fh.write(json.dumps(record, default=_json_default) + "\n")
-        metrics = window_metrics(record)
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step=step)
         return True
 
     @staticmethod

@@ -116,6 +116,10 @@ class PolicyDecider:
         """Baselines fit no rank model."""
         return {}
 
+    def even_split_estimate(self) -> tuple[float, float, float] | None:
+        """Baselines fit no rank model."""
+        return None
+
 
 class _Timed:
     """Time every decision of a decider (wall-clock milliseconds)."""
@@ -144,6 +148,9 @@ class _Timed:
 
     def rank_model_summary(self) -> dict[str, list[float]]:
         return self.decider.rank_model_summary()
+
+    def even_split_estimate(self) -> tuple[float, float, float] | None:
+        return self.decider.even_split_estimate()
 
 
 @dataclass
@@ -274,6 +281,7 @@ def default_loop(
         warmup=LoopConfig.warmup if warmup is None else warmup,
         background=False,
         looks=1 if policy is None else int(policy.looks_for(scenario.window)),
+        estimate=False,  # the engine knows the true times: the oracle is its baseline
     )
 
 

@@ -339,6 +339,11 @@ class ScalingDecider:
         with self._lock:
             return self.controller.rank_model_summary()
 
+    def even_split_estimate(self) -> tuple[float, float, float] | None:
+        """The controller's estimate of the even split's step at the global batch in force."""
+        with self._lock:
+            return self.controller.even_split_estimate()
+
     def decline(self) -> None:
         """The last decision will not be applied: a new global batch is undone."""
         with self._lock:
