@@ -59,7 +59,11 @@ class RegModel(L.LightningModule):
         loss = per_sample.mean() if self.reduction == "mean" else per_sample.sum()
         self.seen.append((self.current_epoch, self.trainer.global_step, idx.tolist()))
         if self.log_mean:
-            self.log("xmean", x[:, 0].mean(), sync_dist=True, on_step=True, on_epoch=True)
+            mean = x[:, 0].mean()
+            self.log("xmean", mean, sync_dist=True, on_step=True, on_epoch=True)
+            # the loader's batch size, as Lightning recommends where it cannot infer one
+            self.log("xmean_bs", mean, sync_dist=True, on_epoch=True, batch_size=32)
+            self.log("xmean_w", mean, sync_dist=True, on_epoch=True, batch_size=3)  # a weight
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

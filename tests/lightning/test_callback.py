@@ -96,7 +96,7 @@ def _scenarios(rank: int, tmp: str) -> dict[str, Any]:
     # it decides does not depend on how loaded the machine is; inline decisions land on
     # their agreed exchange steps
     sizes, cb = _Sizes(), with_step_times(_affine, window=20, background=False)
-    emu, root = HeterogeneityEmulator([1.0, 3.0]), f"{tmp}/slow"
+    emu, root = HeterogeneityEmulator([1.0, 3.0], headroom=1.0), f"{tmp}/slow"
     # a progress bar that never draws: the summary is logged only when there is a bar
     bar = TQDMProgressBar(refresh_rate=0)
     t = _trainer(RexStrategy(), 140, [emu, cb, sizes, bar], root, enable_progress_bar=True)

@@ -32,12 +32,15 @@ class _Recorder(L.Callback):
     def __init__(self) -> None:
         self.step_values: list[float] = []
         self.epoch_values: list[float] = []
+        self.epoch_given: list[tuple[float, float]] = []  # (batch_size=32, batch_size=3)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self.step_values.append(float(trainer.callback_metrics["xmean_step"]))
 
     def on_train_epoch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self.epoch_values.append(float(trainer.callback_metrics["xmean_epoch"]))
+        m = trainer.callback_metrics
+        self.epoch_given.append((float(m["xmean_bs"]), float(m["xmean_w"])))
 
 
 def _times(rank: int, step: int, b: int) -> float:
@@ -76,6 +79,7 @@ def _features(rank: int, tmp: str) -> dict[str, Any]:
     t = _trainer(strategy=RexStrategy(micro_batch_sizes=[48, 16]), max_epochs=2, callbacks=[rec])
     t.fit(model, DataLoader(ds, batch_size=32, shuffle=True))
     out["log_step"], out["log_epoch"] = rec.step_values, rec.epoch_values
+    out["log_given"] = rec.epoch_given
     out["log_seen"] = model.seen
 
     # uninterrupted run with workers, plan changes and step checkpoints
@@ -159,6 +163,15 @@ def test_step_and_epoch_logs_are_global_batch_means(results: list[dict[str, Any]
     assert len(steps) == len(expect_steps)
     assert steps == pytest.approx(expect_steps, abs=1e-9)
     assert epochs == pytest.approx(expect_epochs, abs=1e-9)
+    # self.log(..., batch_size=32), the DataLoader's: weighted by each rank's true micro-batch
+    given = results[0]["log_given"]
+    assert [g[0] for g in given] == pytest.approx(expect_epochs, abs=1e-9)
+    # any other batch_size is a weight of the user's, kept: every rank's step weighs 3
+    r0, r1 = results[0]["log_seen"], results[1]["log_seen"]
+    for epoch in range(2):
+        means = [x[s[2]].mean().item() for s in r0 + r1 if s[0] == epoch]
+        assert given[epoch][1] == pytest.approx(sum(means) / len(means), abs=1e-9)
+        assert abs(given[epoch][1] - expect_epochs[epoch]) > 1e-4
     assert results[1]["log_step"] == pytest.approx(steps, abs=1e-12)
     # plain averaging of the two ranks' means is visibly different under [48, 16]
     r0, r1 = results[0]["log_seen"], results[1]["log_seen"]

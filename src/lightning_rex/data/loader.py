@@ -72,6 +72,13 @@ class RexDataLoader(DataLoader):
         self._consumed = int(state_dict["rex_sampler"]["consumed"])
 
 
+def _users_sampler(sampler: Any) -> str:
+    """The class name of the sampler the user gave (Lightning wraps it for distributed use)."""
+    # Lightning's DistributedSamplerWrapper holds it as dataset._sampler
+    inner = getattr(getattr(sampler, "dataset", None), "_sampler", None)
+    return type(inner if inner is not None else sampler).__name__
+
+
 def build_rex_loader(
     dataloader: object,
     *,
@@ -133,7 +140,7 @@ def build_rex_loader(
     if type(sampler) is not DistributedSampler:
         raise ValueError(
             "RexStrategy supports the train DataLoader's default samplers only (shuffle=True or "
-            f"False); got a custom sampler {type(sampler).__name__}. Remove the sampler, or use "
+            f"False); got a custom sampler {_users_sampler(sampler)}. Remove the sampler, or use "
             "strategy='ddp'."
         )
     global_batch = int(dataloader.batch_size) * world_size

@@ -15,7 +15,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-__all__ = ["is_step_end", "loader_state_to_restore", "set_epoch_length", "steps_done"]
+__all__ = [
+    "is_logging_step",
+    "is_step_end",
+    "loader_state_to_restore",
+    "set_epoch_length",
+    "steps_done",
+]
 
 
 def steps_done(trainer: pl.Trainer) -> int:
@@ -40,6 +46,21 @@ def is_step_end(trainer: pl.Trainer) -> bool:
         True unless the batch only accumulates gradients.
     """
     return not trainer.fit_loop._should_accumulate()
+
+
+def is_logging_step(trainer: pl.Trainer) -> bool:
+    """Whether Lightning sends this step's metrics to the loggers (``log_every_n_steps``).
+
+    Read in ``on_train_batch_end``: what is logged there reaches the loggers with the step's
+    own metrics, in one record.
+
+    Args:
+        trainer: The Trainer.
+
+    Returns:
+        Lightning's own answer (its logger connector's ``should_update_logs``).
+    """
+    return bool(trainer._logger_connector.should_update_logs)
 
 
 def loader_state_to_restore(trainer: pl.Trainer) -> dict[str, Any] | None:

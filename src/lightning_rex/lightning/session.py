@@ -33,10 +33,10 @@ from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.exchange import ExchangeMessage
 from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.protocols import Decider, PlanTarget, ScheduleTarget
-from lightning_rex.driver.records import DecisionLog
+from lightning_rex.driver.records import DecisionLog, decision_line, window_metrics
 from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.interfaces import UnevenStrategy
-from lightning_rex.lightning.progress import is_step_end, steps_done
+from lightning_rex.lightning.progress import is_logging_step, is_step_end, steps_done
 from lightning_rex.lightning.scaling import TrainingScaling, amp_scales, unscale_rates
 from lightning_rex.lightning.schedules import unwrap_schedulers, wrap_schedulers
 from lightning_rex.lightning.watchdog import HangWatchdog, default_store
@@ -62,6 +62,7 @@ class SessionOptions:
         hang_factor: The watchdog's multiple of the typical step.
         step_time_fn: Injected step times, in place of measurements (tests, replays).
         prior: Rates per device identity for a fresh fit's first plan, or None.
+        verbose: Print one line per decision that is not a hold, on rank 0.
     """
 
     settings: DecisionSettings
@@ -72,6 +73,7 @@ class SessionOptions:
     hang_factor: float
     step_time_fn: StepTimeFn | None = None
     prior: dict[str, list[float]] | None = None
+    verbose: bool = True
 
 
 class FitSession:
@@ -102,6 +104,7 @@ class FitSession:
         # trainer.log_dir broadcasts from rank 0: every rank must ask for it
         self.dir = cb.log_dir or trainer.log_dir or trainer.default_root_dir
         self.log: DecisionLog | None = None
+        self._metrics: dict[str, float] = {}  # the latest record's, until a logging step
         self.step, self.comparable, self.started = 0, True, False
         self._injected_s = 0.0
         self.micro: list[int] = []
@@ -270,6 +273,12 @@ class FitSession:
                 if math.isfinite(sample) and sample > 0:
                     self._injected_s += float(sample)
         self.driver.record(self.step, [sample], self.comparable)
+        if self._metrics and is_logging_step(self.trainer):
+            # with the step's own metrics, in Lightning's record of the step (rank 0's values)
+            metrics, self._metrics = self._metrics, {}
+            self.trainer.lightning_module.log_dict(
+                metrics, on_step=True, on_epoch=False, logger=True, rank_zero_only=True
+            )
 
     def before_optimizer_step(self, optimizer: Any) -> None:
         """Global batch scaling: this step's gradient norms (one scalar all-reduce)."""
@@ -334,8 +343,14 @@ class FitSession:
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.log is None:
-            self.log = DecisionLog(Path(self.dir), self.trainer.loggers, self.driver.run_id)
-        self.log.write(record, step=self.trainer.global_step)
+            self.log = DecisionLog(Path(self.dir), self.driver.run_id)
+        if not self.log.write(record):
+            return
+        # the loggers get the latest window's scalars at Lightning's next logging step
+        self._metrics = window_metrics(record)
+        line = decision_line(record) if self.cb.verbose else None
+        if line is not None:
+            rank_zero_info(line)
 
     def _progress(self, message: ExchangeMessage) -> None:
         trainer = self.trainer

@@ -7,6 +7,12 @@ all-reduce gives each rank the weight ``1 / N``, which is wrong for uneven batch
 all-reduce yields the global batch's gradient exactly, and weights ``self.log(...,
 sync_dist=True)`` step values the same way. A subclass says what the current batch's per-rank
 sizes are (:meth:`WeightedDDP.current_batch_sizes`); ``RexStrategy`` is that subclass.
+
+Epoch values are weighted by the batch size Lightning is told: it infers each rank's own size
+from the batch, which is exact. ``self.log(..., batch_size=32)`` with the DataLoader's
+``batch_size`` (as Lightning recommends where it cannot infer it) would weight every rank
+alike; inside ``training_step`` that value is replaced by the rank's true micro-batch, with
+one line saying so. Any other ``batch_size`` (a token count, say) is kept as given.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.optim import Optimizer
 
@@ -43,10 +50,19 @@ class WeightedDDP(DDPStrategy):
         super().__init__(*args, **kwargs)
         self._step_sizes: Plan | None = None
         self._in_training_step = False
+        self._told_batch_size = False
 
     def current_batch_sizes(self) -> Plan | None:
         """The per-rank sizes of the batch being trained now (None: no weighting)."""
         return None
+
+    def even_batch_sizes(self) -> tuple[int, ...]:
+        """The ``batch_size`` values that mean "this rank's batch" under DDP (the loader's).
+
+        Returns:
+            The sizes (none by default).
+        """
+        return ()
 
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
         """Run the user's training_step, remembering this batch's per-rank sizes.
@@ -60,10 +76,38 @@ class WeightedDDP(DDPStrategy):
         """
         self._step_sizes = self.current_batch_sizes()
         self._in_training_step = True
+        module = self.lightning_module
+        sizes = self._step_sizes
+        patched = module is not None and sizes is not None and bool(self.even_batch_sizes())
+        if patched:
+            assert module is not None and sizes is not None
+            module.log = self._weighted_log(module.log, sizes[self.global_rank])  # type: ignore[method-assign]
         try:
             return super().training_step(*args, **kwargs)
         finally:
             self._in_training_step = False
+            if patched and module is not None:
+                del module.log  # back to the class's method
+
+    def _weighted_log(self, log: Any, mine: int) -> Any:
+        """``module.log`` for one training step: the loader's batch size becomes the rank's."""
+        even = self.even_batch_sizes()
+
+        def weighted(*args: Any, **kwargs: Any) -> Any:
+            given = kwargs.get("batch_size")
+            if given is not None and given in even and given != mine:
+                kwargs["batch_size"] = mine
+                if not self._told_batch_size:
+                    self._told_batch_size = True
+                    rank_zero_info(
+                        f"lightning-rex: self.log(..., batch_size={given}) in training_step is the "
+                        "DataLoader's batch size, but each rank trains its own share of the global "
+                        "batch: epoch values are weighted by each rank's true micro-batch instead "
+                        "(any other batch_size is kept as given)"
+                    )
+            return log(*args, **kwargs)
+
+        return weighted
 
     def current_loss_scale(self) -> float:
         """The factor this rank's loss is multiplied by for the current batch.
