@@ -15,7 +15,7 @@ from lightning_rex.__about__ import __version__
 from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions, validate_plan
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.saved import StateError
-from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
+from lightning_rex.core.scaling.config import GlobalBatchScaling
 from lightning_rex.driver.errors import RexRankError
 from lightning_rex.lightning.registration import register_when_lightning_loads
 

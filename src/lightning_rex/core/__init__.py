@@ -8,42 +8,75 @@ same :class:`Controller` interface.
 
 from typing import TYPE_CHECKING, Any
 
-from lightning_rex.core.decide.controller import Controller
-from lightning_rex.core.decision import Decision
-from lightning_rex.core.model.time_model import RankTimeModel
-from lightning_rex.core.plans.plan import (
-    Plan,
-    even_plan,
-    round_fractions,
-    split_in_proportion,
-    validate_plan,
-)
-from lightning_rex.core.plans.planner import (
-    affine_plan,
-    exploration_kappa,
-    resolve_bounds,
-    water_fill,
-)
-from lightning_rex.core.stats.significance import (
-    ImbalanceResult,
-    WindowHistory,
-    holm,
-    imbalance_test,
-    variance_inflation,
-)
-from lightning_rex.core.window import Window
-
 if TYPE_CHECKING:
+    from lightning_rex.core.decide.controller import Controller
+    from lightning_rex.core.decision import Decision
     from lightning_rex.core.model.kernels import SplineKernel, bspline_basis
+    from lightning_rex.core.model.time_model import RankTimeModel
+    from lightning_rex.core.plans.plan import (
+        Plan,
+        even_plan,
+        round_fractions,
+        split_in_proportion,
+        validate_plan,
+    )
+    from lightning_rex.core.plans.planner import (
+        affine_plan,
+        exploration_kappa,
+        resolve_bounds,
+        water_fill,
+    )
+    from lightning_rex.core.stats.significance import (
+        ImbalanceResult,
+        WindowHistory,
+        holm,
+        imbalance_test,
+        variance_inflation,
+    )
+    from lightning_rex.core.window import Window
+
+_LAZY = {
+    "Controller": "lightning_rex.core.decide.controller",
+    "Decision": "lightning_rex.core.decision",
+    "ImbalanceResult": "lightning_rex.core.stats.significance",
+    "Plan": "lightning_rex.core.plans.plan",
+    "RankTimeModel": "lightning_rex.core.model.time_model",
+    "SplineKernel": "lightning_rex.core.model.kernels",
+    "Window": "lightning_rex.core.window",
+    "WindowHistory": "lightning_rex.core.stats.significance",
+    "affine_plan": "lightning_rex.core.plans.planner",
+    "bspline_basis": "lightning_rex.core.model.kernels",
+    "even_plan": "lightning_rex.core.plans.plan",
+    "exploration_kappa": "lightning_rex.core.plans.planner",
+    "holm": "lightning_rex.core.stats.significance",
+    "imbalance_test": "lightning_rex.core.stats.significance",
+    "resolve_bounds": "lightning_rex.core.plans.planner",
+    "round_fractions": "lightning_rex.core.plans.plan",
+    "split_in_proportion": "lightning_rex.core.plans.plan",
+    "validate_plan": "lightning_rex.core.plans.plan",
+    "variance_inflation": "lightning_rex.core.stats.significance",
+    "water_fill": "lightning_rex.core.plans.planner",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """The spline kernel loads GPyTorch (and torch), so it is imported when first used."""
-    if name in ("SplineKernel", "bspline_basis"):
-        from lightning_rex.core.model import kernels
+    """Import a public name on first use.
 
-        return getattr(kernels, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    Importing the package (or any module in it) stays light: SciPy, BoTorch and torch load
+    with the modules that need them.
+    """
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

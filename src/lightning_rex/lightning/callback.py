@@ -20,7 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from lightning_rex.core.checks import is_integer, is_number
+from lightning_rex.core.checks import is_integer, is_number, keywords_checked
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
 from lightning_rex.core.settings import DecisionSettings, default_looks
@@ -93,11 +93,16 @@ class RexCallback(Callback):
             :mod:`lightning_rex.driver.prior`). Used when every rank's device is in it;
             read when the callback is built, so a bad source fails at once. A resumed fit
             keeps its checkpoint's plan.
+        verbose: Print one line per decision on rank 0, through Lightning's logging (the
+            ``lightning.pytorch`` logger, at INFO): the new plan and from which step, why,
+            and the predicted gain; holds are not printed. False keeps the terminal quiet
+            (every decision is still in ``rex_decisions.jsonl`` and the loggers).
 
     Raises:
         ValueError: For arguments outside the ranges above, naming the argument.
     """
 
+    @keywords_checked
     def __init__(
         self,
         alpha: float = _D.alpha,
@@ -116,6 +121,7 @@ class RexCallback(Callback):
         hang_timeout: float | None = 600.0,
         hang_factor: float = 20.0,
         prior: PriorSource | None = None,
+        verbose: bool = True,
     ) -> None:
         # the loop first: its messages name the window and the looks
         n_looks = looks if looks is not None else default_looks(window) if is_integer(window) else 1
@@ -140,6 +146,9 @@ class RexCallback(Callback):
         self.hang_timeout = None if hang_timeout is None else float(hang_timeout)
         self.hang_factor = float(hang_factor)
         self.prior = None if prior is None else load_prior(prior)
+        if not isinstance(verbose, bool):
+            raise ValueError(f"verbose must be True or False, got {verbose!r}")
+        self.verbose = verbose
         # tests and replays only: fn(rank, step, micro_batch) -> seconds replaces measurements
         self._step_time_fn: StepTimeFn | None = None
         self._loaded: dict[str, Any] | None = None
@@ -218,6 +227,7 @@ class RexCallback(Callback):
             self.hang_factor,
             self._step_time_fn,
             self.prior,
+            self.verbose,
         )
         self.session = FitSession.open(options, trainer, pl_module)
         loaded, self._loaded = self._loaded, None

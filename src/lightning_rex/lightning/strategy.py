@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from lightning_rex.core.checks import is_integer
+from lightning_rex.core.checks import check_keywords, is_integer
 from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
@@ -27,6 +28,7 @@ from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction
 from lightning_rex.driver.scheduling import agree
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.collectives import driver_collectives
+from lightning_rex.lightning.names import START_METHODS, description
 from lightning_rex.lightning.plan_target import TrainSampler
 from lightning_rex.lightning.progress import (
     loader_state_to_restore,
@@ -40,6 +42,18 @@ if TYPE_CHECKING:
     from lightning.fabric.strategies.registry import _StrategyRegistry
 
 __all__ = ["RexStrategy"]
+
+
+def _valid_keywords() -> list[str]:
+    """RexStrategy's own keywords, DDPStrategy's, and DistributedDataParallel's (passed on)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    names = [*inspect.signature(RexStrategy.__init__).parameters]
+    names += [*inspect.signature(DDPStrategy.__init__).parameters]
+    names += [*inspect.signature(DistributedDataParallel.__init__).parameters]
+    return [n for n in names if n not in ("self", "args", "kwargs", "module")]
 
 
 class RexStrategy(WeightedDDP):
@@ -94,6 +108,13 @@ class RexStrategy(WeightedDDP):
         adaptive: bool = True,
         **kwargs: Any,
     ) -> None:
+        check_keywords(
+            "RexStrategy",
+            kwargs,
+            _valid_keywords(),
+            "its own arguments, DDPStrategy's and DistributedDataParallel's (see its docstring;"
+            " sharding is FSDP's, not DDP's)",
+        )
         if micro_batch_sizes is not None and batch_fractions is not None:
             raise ValueError(
                 "give either micro_batch_sizes or batch_fractions, not both (got "
@@ -135,6 +156,7 @@ class RexStrategy(WeightedDDP):
         self.loss_reduction: LossReduction = loss_reduction
         self.adaptive = bool(adaptive)
         self._loader: RexDataLoader | None = None
+        self._loader_batch_size: int | None = None  # the user's DataLoader's batch_size
         #: ``(min, max)`` global batches the train sampler's plans may sum to; set by
         #: ``RexCallback(global_batch=GlobalBatchScaling(...))`` before the loader is built
         self.batch_range: tuple[int, int] | None = None
@@ -144,29 +166,18 @@ class RexStrategy(WeightedDDP):
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         """Register ``rex``, ``rex_spawn`` and ``rex_fork``; calling it again is a no-op.
 
-        The class path is registered too (Lightning lowercases strategy names), so that a bare
-        ``--trainer.strategy=lightning_rex.RexStrategy``, which jsonargparse passes on as a
-        string, resolves once ``lightning_rex`` is imported (for example by a
-        ``--trainer.callbacks+=lightning_rex.RexCallback`` on the same command line).
+        The class path ``lightning_rex.rexstrategy`` is registered too (see
+        :mod:`~lightning_rex.lightning.names`). ``import lightning_rex`` (or the package's
+        startup hook) does this already, with the same names.
 
         Args:
             strategy_registry: Lightning's ``StrategyRegistry``.
         """
-        names = (
-            ("rex", "popen"),
-            ("rex_spawn", "spawn"),
-            ("rex_fork", "fork"),
-            ("lightning_rex.rexstrategy", "popen"),
-        )
-        for name, start_method in names:
-            if name in strategy_registry:
-                continue
-            strategy_registry.register(
-                name,
-                cls,
-                description=f"REX uneven micro-batches over DDP with start_method '{start_method}'",
-                start_method=start_method,
-            )
+        for name, start_method in START_METHODS.items():
+            if name not in strategy_registry:
+                strategy_registry.register(
+                    name, cls, description=description(start_method), start_method=start_method
+                )
 
     # ------------------------------------------------------------------ configuration checks
     @property
@@ -220,6 +231,12 @@ class RexStrategy(WeightedDDP):
         Raises:
             ValueError: For ``model_averaging_period``.
         """
+        if self.world_size == 1:
+            rank_zero_warn(
+                "lightning-rex: RexStrategy on one device has nothing to balance: every step "
+                "trains the whole batch on it, as DDP on one device would. Use devices=N (N > 1) "
+                "for uneven micro-batches."
+            )
         if getattr(self, "_model_averaging_period", None) is not None:
             raise ValueError(
                 "model_averaging_period is not supported by RexStrategy: it averages parameters "
@@ -306,6 +323,8 @@ class RexStrategy(WeightedDDP):
             batch_range=self.batch_range,
         )
         self._loader = loader
+        bs = getattr(dataloader, "batch_size", None)
+        self._loader_batch_size = None if bs is None else int(bs)
         saved = loader_state_to_restore(trainer)
         if saved is not None:
             self._loader.load_state_dict(saved)
@@ -359,10 +378,18 @@ class RexStrategy(WeightedDDP):
 
     @property
     def plan(self) -> Plan | None:
-        """The plan in force at the current step; None before the train loader."""
+        """The plan in force at the current step; None before the train loader.
+
+        After a fit has ended, the plan its last step trained with (a decision exchanged at
+        the last step schedules a plan for a step that never ran; ``plan_schedule`` has it).
+        """
         if self._loader is None:
             return None
-        return self._loader.batch_sampler.plan_at(self._current_step())
+        step = self._current_step()
+        module = self.lightning_module
+        if module is not None and module._trainer is not None and module.trainer.state.stopped:
+            step = max(0, step - 1)
+        return self._loader.batch_sampler.plan_at(step)
 
     @property
     def global_batch(self) -> int | None:
@@ -415,6 +442,17 @@ class RexStrategy(WeightedDDP):
         return step
 
     # ------------------------------------------------------------------ weighting
+    def even_batch_sizes(self) -> tuple[int, ...]:
+        """The train DataLoader's ``batch_size`` and ``B / N`` now: what DDP's ranks each get.
+
+        Returns:
+            The sizes; empty before the train loader is set up.
+        """
+        if self._loader is None or self._loader_batch_size is None:
+            return ()
+        now = self._loader.batch_sampler.global_batch // self.world_size
+        return tuple(sorted({self._loader_batch_size, now}))
+
     def current_batch_sizes(self) -> Plan | None:
         """The per-rank sizes of the batch being trained now (None outside training).
 

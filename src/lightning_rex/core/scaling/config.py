@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_rex.core.checks import is_integer, is_number
+from lightning_rex.core.checks import is_integer, is_number, keywords_checked
 from lightning_rex.core.scaling.noise_scale import LR_RULES, LrRule
 
 __all__ = ["MAX_BATCH", "MAX_CANDIDATES", "GlobalBatchScaling"]
@@ -86,3 +86,7 @@ class GlobalBatchScaling:
             raise ValueError(
                 f"windows_between must be an integer >= 1, got {self.windows_between!r}"
             )
+
+
+# a misspelt argument names the closest one (LightningCLI still sees the dataclass's fields)
+GlobalBatchScaling.__init__ = keywords_checked(GlobalBatchScaling.__init__)  # type: ignore[method-assign]
