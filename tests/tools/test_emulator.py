@@ -59,8 +59,8 @@ def test_factor_combines_slowdown_and_active_events() -> None:
         ({"headroom": 0.5}, "headroom must be a finite number >= 1, got 0.5"),
         ({"headroom": float("inf")}, "headroom must be a finite number >= 1, got inf"),
         ({"headroom": float("nan")}, "headroom must be a finite number >= 1, got nan"),
-        ({"headroom": True}, "headroom must be a number >= 1, got True"),
-        ({"headroom": "2"}, "headroom must be a number >= 1, got '2'"),
+        ({"headroom": True}, "headroom must be a number >= 1 or None, got True"),
+        ({"headroom": "2"}, "headroom must be a number >= 1 or None, got '2'"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
@@ -174,7 +174,8 @@ def _fit(
 
 
 def test_delay_only_inside_events_and_before_the_all_reduce_sees_the_gradients() -> None:
-    emu = _Delays([1.0], events=[{"ranks": [0], "start": 2, "end": 4, "factor": 3.0}])
+    events = [{"ranks": [0], "start": 2, "end": 4, "factor": 3.0}]
+    emu = _Delays([1.0], events=events, headroom=1.0)
     _fit(emu, batch=8)
     for step, delay, seen in emu.per_step:
         assert (delay > 0) == (2 <= step < 4)
@@ -189,7 +190,7 @@ def test_delay_is_the_extra_compute_of_a_slower_device(
     """Slowdown 3: (3 - 1) x (forward + backward) = 2 x 3 ms per sample, every step."""
     clock = _Clock()
     monkeypatch.setattr(emulator_module, "time", clock)
-    emu = _Delays([3.0])
+    emu = _Delays([3.0], headroom=1.0)
     _fit(emu, batch=batch, clock=clock)
     assert [d for _, d, _ in emu.per_step] == pytest.approx([0.006 * batch] * 6)
     assert [s for _, _, s in emu.per_step] == pytest.approx([0.006 * batch] * 6)
@@ -262,7 +263,7 @@ def test_a_parameter_without_a_gradient_moves_the_sleep_after_the_backward(
     """The last expected gradient never comes: the step still lasts 3 x its work."""
     clock = _Clock()
     monkeypatch.setattr(emulator_module, "time", clock)
-    emu = _Phases(clock, [3.0])
+    emu = _Phases(clock, [3.0], headroom=1.0)
     _fit(emu, batch=8, clock=clock, unused=True)
     assert emu.phases == pytest.approx([3.0 * 0.003 * 8] * 6)
 
@@ -297,7 +298,7 @@ def test_rex_measures_the_emulated_compute_in_either_callback_order(
     clock = _Clock(load=2.0)
     monkeypatch.setattr(emulator_module, "time", clock)
     monkeypatch.setattr(timing_module, "time", clock)
-    emu, rex = HeterogeneityEmulator([3.0]), _RexTiming()
+    emu, rex = HeterogeneityEmulator([3.0], headroom=1.0), _RexTiming()
     torch.set_num_threads(1)
     ds = TensorDataset(torch.randn(48, 16, 32), torch.randint(0, 10, (48,)))
     t = quiet_trainer(
@@ -305,6 +306,42 @@ def test_rex_measures_the_emulated_compute_in_either_callback_order(
     )
     t.fit(_TimedModel(clock), DataLoader(ds, batch_size=8))
     assert rex.seconds == pytest.approx([3.0 * 0.003 * 8] * 6)
+
+
+def test_a_cpu_rank_is_emulated_at_half_its_cores_speed_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a headroom, a CPU rank's compute lasts slowdown x 2 times its work, so a load
+    that takes up to half the core changes no step (here: the rank gets half its core)."""
+    clock = _Clock(load=2.0)
+    monkeypatch.setattr(emulator_module, "time", clock)
+    emu = _Phases(clock, [1.0])
+    _fit(emu, batch=8, clock=clock)
+    assert emu.headroom is None and emu.headroom_in_use == 2.0
+    assert emu.phases == pytest.approx([2.0 * 0.003 * 8] * 6)
+
+
+@pytest.mark.parametrize(("load", "warns"), [(2.0, False), (2.15, False), (3.0, True)])
+def test_a_load_beyond_the_headroom_warns_once_with_the_headroom_that_absorbs_it(
+    load: float, warns: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = _Clock(load)
+    monkeypatch.setattr(emulator_module, "time", clock)
+    emu = _Phases(clock, [1.0], headroom=2.0)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(emu, batch=4, steps=30, clock=clock)
+    mine = [w for w in caught if "HeterogeneityEmulator" in str(w.message)]
+    assert len(mine) == int(warns), [str(w.message) for w in mine]
+    if warns:
+        text = str(mine[0].message)
+        assert "rank 0's compute took 3.0x its CPU work" in text
+        assert "slowdown 1 x headroom 2" in text
+        assert "HeterogeneityEmulator(headroom=4)" in text  # 1.1 x 3.0, rounded up
+    # within the headroom the steps are the emulated device's; beyond it the load shows
+    assert emu.phases == pytest.approx([max(2.0, load) * 0.003 * 4] * 30)
 
 
 def test_slowdowns_must_match_world_size() -> None:

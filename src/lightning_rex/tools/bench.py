@@ -30,11 +30,22 @@ from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.strategy import RexStrategy
 from lightning_rex.tools.emulator import HeterogeneityEmulator
 
-__all__ = ["PER_RANK_BATCH", "BenchModel", "default_plan", "pin_rank", "run_benchmark"]
+__all__ = [
+    "MODEL_SIZES",
+    "PER_RANK_BATCH",
+    "BenchModel",
+    "default_plan",
+    "pin_rank",
+    "run_benchmark",
+    "run_emulation_check",
+]
 
 PER_RANK_BATCH = 32
 """Samples per rank and step: the DataLoader's ``batch_size``."""
 TOKENS = 16
+MODEL_SIZES = {"small": (64, 2), "medium": (256, 6), "large": (512, 6)}
+"""The emulation check's models, ``name: (width, depth)``: about 0.4, 38 and 150 MFLOP a
+sample forward and backward (1, 10 and 33 ms a step of 32 samples on one core here)."""
 
 
 class BenchModel(L.LightningModule):
@@ -112,7 +123,8 @@ class _StepTimer(L.Callback):
         self._t = 0.0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        torch.set_num_threads(self.threads)
+        if self.threads > 0:  # 0: torch's default
+            torch.set_num_threads(self.threads)
         if self.pin:
             pin_rank(trainer.global_rank, trainer.world_size)
 
@@ -227,6 +239,10 @@ def _run_once(
         ]
         if strategy_name == "ddp":
             strategy = "ddp_fork"
+        elif strategy_name == "emulation":
+            # the even plan, monitored: the decision records give each rank's compute time
+            strategy = RexStrategy(start_method="fork", adaptive=False)
+            callbacks.append(RexCallback(window=args.window, log_dir=tmp))
         elif strategy_name == "rex" and args.adaptive:
             # adaptive rex starts where a user starts: the even plan
             strategy = RexStrategy(start_method="fork", adaptive=True)
@@ -247,8 +263,14 @@ def _run_once(
         )
         torch.manual_seed(0)
         loader = DataLoader(ds, batch_size=PER_RANK_BATCH, shuffle=True)
-        trainer.fit(BenchModel(depth=args.depth), loader)
-        return dict(json.loads(Path(out).read_text()))
+        trainer.fit(BenchModel(width=args.width, depth=args.depth), loader)
+        result = dict(json.loads(Path(out).read_text()))
+        if strategy_name == "emulation":
+            log = Path(tmp) / "rex_decisions.jsonl"
+            result["window_medians_ms"] = [
+                json.loads(line)["median_ms"] for line in log.read_text().splitlines()
+            ]
+        return result
 
 
 def default_plan(slowdowns: Sequence[float], devices: int) -> list[int]:
@@ -324,6 +346,50 @@ def run_benchmark(
         result["ratios_rex_static"] = ratio("rex-static")
         result["ratio_rex_static_over_ddp"] = statistics.median(result["ratios_rex_static"])
     return result
+
+
+def run_emulation_check(
+    args: argparse.Namespace, sizes: Sequence[str], thread_counts: Sequence[int]
+) -> list[dict[str, Any]]:
+    """How slow the emulator makes each rank, as rex measures it, per model size and threads.
+
+    Every run trains the even plan (so every rank has the same work) with the slowdowns and
+    headroom of ``args``, monitored by a :class:`~lightning_rex.RexCallback`; a rank's
+    achieved factor is the median, over the windows, of its median compute time over the
+    fastest-asked rank's.
+
+    Args:
+        args: The parsed command line (slowdowns, headroom, steps, window, pinning).
+        sizes: Names from :data:`MODEL_SIZES`.
+        thread_counts: Torch threads per rank for each run (0: torch's default).
+
+    Returns:
+        One row per (size, threads): ``size``, ``threads``, ``median_ms`` per rank,
+        ``achieved`` and ``asked`` factors per rank.
+    """
+    rows = []
+    slowdowns = list(args.slowdowns)
+    base = slowdowns.index(min(slowdowns))
+    for size in sizes:
+        for threads in thread_counts:
+            width, depth = MODEL_SIZES[size]
+            run_args = argparse.Namespace(**{**vars(args), "width": width, "depth": depth})
+            run_args.threads = threads
+            res = _run_once("emulation", run_args, None)
+            windows = res["window_medians_ms"]
+            ranks = range(len(slowdowns))
+            rows.append(
+                {
+                    "size": size,
+                    "threads": threads,
+                    "median_ms": [statistics.median(w[r] for w in windows) for r in ranks],
+                    "achieved": [statistics.median(w[r] / w[base] for w in windows) for r in ranks],
+                    "asked": [s / slowdowns[base] for s in slowdowns],
+                    "windows": len(windows),
+                }
+            )
+            _log(f"emulation {size} threads={threads or 'default'}: {rows[-1]['achieved']}")
+    return rows
 
 
 def _log(msg: str) -> None:

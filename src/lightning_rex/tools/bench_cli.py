@@ -23,6 +23,10 @@ half a rank's core, leaves the step times, and so the ratios, as they are; ``--d
 the model's work per sample (``--depth 3`` halves it, so the steps take about as long as
 without the headroom). ``examples/quickstart.py`` runs with both.
 
+``--emulation`` checks the emulator instead of comparing strategies: for each of three model
+sizes and each thread count it trains the even plan and prints each rank's compute time, as
+rex measures it, and the factor achieved against the one asked for.
+
 This module is the command line only; the runs are in :mod:`lightning_rex.tools.bench`,
 imported when the command runs.
 """
@@ -149,6 +153,31 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "step times of a run, and so its ratios, unchanged by another process on the "
         "machine (see HeterogeneityEmulator)",
     )
+    p.add_argument(
+        "--width",
+        type=_positive_int,
+        default=256,
+        help="the model's hidden width (default 256)",
+    )
+    p.add_argument(
+        "--emulation",
+        action="store_true",
+        help="check the emulator: the even plan on each of --model-sizes and --thread-counts, "
+        "each rank's compute time and its slowdown achieved against the one asked for",
+    )
+    p.add_argument(
+        "--model-sizes",
+        type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+        default=["small", "medium", "large"],
+        help="with --emulation: models from small,medium,large (default all three)",
+    )
+    p.add_argument(
+        "--thread-counts",
+        type=lambda s: [0 if x.strip() == "default" else _positive_int(x) for x in s.split(",")],
+        default=[1, 0],
+        help="with --emulation: torch threads per rank, 'default' for torch's own choice "
+        "(default 1,default)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="interleaved repeats (default 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument(
@@ -172,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
     Returns:
         The exit code.
     """
-    from lightning_rex.tools.bench import PER_RANK_BATCH, run_benchmark
+    from lightning_rex.tools.bench import MODEL_SIZES, PER_RANK_BATCH, run_benchmark
 
     unknown = [s for s in args.compare if s not in ("ddp", "rex", "rex-static")]
     if unknown:
@@ -193,6 +222,8 @@ def main(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"--warmup must be in [0, --steps), got {args.warmup}")
+    if args.emulation:
+        return _emulation(args, MODEL_SIZES)
     with _stdout_to_stderr():
         result = run_benchmark(args)
     if args.json:
@@ -219,4 +250,26 @@ def main(args: argparse.Namespace) -> int:
     for r in result["runs"]:
         if r.get("adaptive"):
             print(f"rex repeat {r['repeat']} plan history: {r['plan_history']}")
+    return 0
+
+
+def _emulation(args: argparse.Namespace, sizes: dict[str, Any]) -> int:
+    """``--emulation``: the achieved slowdowns per model size and thread count."""
+    from lightning_rex.tools.bench import run_emulation_check
+
+    unknown = [s for s in args.model_sizes if s not in sizes]
+    if unknown:
+        raise SystemExit(f"--model-sizes takes names from {','.join(sizes)}; unknown: {unknown}")
+    if len(set(args.slowdowns)) == 1:
+        raise SystemExit("--emulation needs --slowdowns that differ, e.g. 1,3")
+    with _stdout_to_stderr():
+        rows = run_emulation_check(args, args.model_sizes, args.thread_counts)
+    if args.json:
+        print(json.dumps({"emulation": rows}))
+        return 0
+    print(f"{'model':7s} {'threads':>7s}  {'compute ms per rank':24s} achieved / asked")
+    for row in rows:
+        ms = ", ".join(f"{m:.2f}" for m in row["median_ms"])
+        got = ", ".join(f"{a:.2f}/{b:g}" for a, b in zip(row["achieved"], row["asked"]))
+        print(f"{row['size']:7s} {row['threads'] or 'default':>7}  {ms:24s} {got}")
     return 0

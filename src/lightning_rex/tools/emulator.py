@@ -17,14 +17,20 @@ The work is the rank's CPU time where it computes on the CPU with one thread: ti
 spends descheduled, because another process shares its core, is not work, so that load does
 not multiply the emulated slowdown; the sleep absorbs it while the load takes less than the
 ``f x headroom`` share. Elsewhere (CUDA, after synchronising; several CPU threads) the work is
-wall time. ``headroom`` above 1 makes every rank, the fastest included, an emulated device
-that computes ``headroom`` times slower than its host: a host shared with other processes
-then changes no rank's step time while the rank gets at least ``1 / (f x headroom)`` of its
-core.
+wall time. ``headroom`` makes every rank, the fastest included, an emulated device that
+computes ``headroom`` times slower than its host: a host shared with other processes then
+changes no rank's step time while the rank gets at least ``1 / (f x headroom)`` of its core.
+It is 2 on a CPU rank by default (1 on CUDA): at 1 the fastest rank runs at its core's real
+speed, so any other process on the machine stretches its steps while the slow ranks' sleep
+absorbs the same load, and the ratio asked for shrinks (3x measured as 1.7x beside two busy
+processes on two cores). Where the load exceeds the headroom (the rank's compute lasts more
+than ``f x headroom`` times its CPU work in most of 20 steps), the emulator warns once, with
+the headroom that would absorb it.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 import warnings
@@ -40,6 +46,12 @@ from torch import Tensor
 __all__ = ["EmulatedEvent", "HeterogeneityEmulator"]
 
 _EVENT_KEYS = ("ranks", "start", "end", "factor")
+CPU_HEADROOM = 2.0
+"""The default headroom on a CPU rank (1.0 on CUDA)."""
+_CHECK_STEPS = 20
+"""Steps the load check looks back over."""
+_TOLERANCE = 1.1
+"""A step is over its emulated factor when its compute lasts more than this times it."""
 
 
 @dataclass(frozen=True)
@@ -110,8 +122,9 @@ class HeterogeneityEmulator(Callback):
             each rank's forward and backward last ``slowdown x headroom`` times their work
             (CPU time on a one-thread CPU rank), so that a process sharing the rank's core
             does not change its step time while it leaves the rank ``1 / (slowdown x
-            headroom)`` of the core. 1.0 (the default): a rank of slowdown 1 runs at its
-            real speed.
+            headroom)`` of the core. None (the default): 2.0 on a CPU rank, 1.0 on CUDA.
+            1.0: a rank of slowdown 1 runs at its real speed, and another process on the
+            machine shrinks the ratios asked for.
 
     Raises:
         ValueError: For slowdowns below 1, malformed events, a ``headroom`` that is not a
@@ -124,7 +137,7 @@ class HeterogeneityEmulator(Callback):
         slowdowns: Sequence[float] | None = None,
         events: Sequence[Mapping[str, Any]] | None = None,
         backward_ratio: float | None = None,
-        headroom: float = 1.0,
+        headroom: float | None = None,
     ) -> None:
         if slowdowns is not None:
             bad = [s for s in slowdowns if not float(s) >= 1.0]
@@ -140,13 +153,20 @@ class HeterogeneityEmulator(Callback):
                 FutureWarning,
                 stacklevel=2,
             )
-        if isinstance(headroom, bool) or not isinstance(headroom, (int, float)):
-            raise ValueError(f"headroom must be a number >= 1, got {headroom!r}")
-        if not 1.0 <= headroom < math.inf:
-            raise ValueError(f"headroom must be a finite number >= 1, got {headroom}")
+        if headroom is not None:
+            if isinstance(headroom, bool) or not isinstance(headroom, (int, float)):
+                raise ValueError(f"headroom must be a number >= 1 or None, got {headroom!r}")
+            if not 1.0 <= headroom < math.inf:
+                raise ValueError(f"headroom must be a finite number >= 1, got {headroom}")
         self.slowdowns = None if slowdowns is None else tuple(float(s) for s in slowdowns)
         self.events = tuple(EmulatedEvent.from_mapping(e, i) for i, e in enumerate(events or ()))
-        self.headroom = float(headroom)
+        #: The headroom asked for (None: by device, see :attr:`headroom_in_use`).
+        self.headroom = None if headroom is None else float(headroom)
+        #: The headroom of this fit's rank: ``headroom``, or its device's default.
+        self.headroom_in_use = CPU_HEADROOM if headroom is None else float(headroom)
+        self._rank = 0
+        self._over: collections.deque[float] = collections.deque(maxlen=_CHECK_STEPS)
+        self._warned = False
         self._cpu_clock = False
         self._t_start = 0.0
         self._work_start = 0.0
@@ -185,6 +205,11 @@ class HeterogeneityEmulator(Callback):
         bad = sorted({r for e in self.events for r in e.ranks if r >= n})
         if bad:
             raise ValueError(f"events name ranks {bad}, but the world size is {n}")
+        default = 1.0 if pl_module.device.type == "cuda" else CPU_HEADROOM
+        self.headroom_in_use = default if self.headroom is None else self.headroom
+        self._rank = trainer.global_rank
+        self._over.clear()
+        self._warned = False
         for p in pl_module.parameters():
             if p.requires_grad:
                 self._handles.append(p.register_hook(self._grad_computed))
@@ -224,14 +249,42 @@ class HeterogeneityEmulator(Callback):
     def _sleep(self) -> None:
         """Sleep until the compute phase has lasted ``target x work`` (once a step)."""
         self._slept = True
-        if self._target <= 1.0:
-            return
+        if self._target <= 1.0 and not self._cpu_clock:
+            return  # wall time is the work: nothing to add, nothing to check
         self._sync()
         wall = time.perf_counter() - self._t_start
         work = self._work_clock() - self._work_start
-        delay = max(0.0, self._target * work - wall)
-        time.sleep(delay)
-        self.total_delay_s += delay
+        if self._cpu_clock and work > 0:
+            self._check_load(wall / work)
+        delay = max(0.0, self._target * work - wall) if self._target > 1.0 else 0.0
+        if delay > 0:
+            time.sleep(delay)
+            self.total_delay_s += delay
+
+    def _check_load(self, stretch: float) -> None:
+        """Warn once when the rank's work keeps taking longer than its emulated compute.
+
+        Args:
+            stretch: Wall seconds per second of CPU work in this step's compute phase.
+        """
+        self._over.append(stretch if stretch > _TOLERANCE * self._target else 0.0)
+        over = [x for x in self._over if x > 0]
+        if self._warned or len(over) <= _CHECK_STEPS // 2:
+            return
+        self._warned = True
+        worst = sorted(over)[len(over) // 2]
+        slowdown = self._target / self.headroom_in_use
+        wanted = math.ceil(_TOLERANCE * worst / slowdown)
+        warnings.warn(
+            f"HeterogeneityEmulator: rank {self._rank}'s compute took {worst:.1f}x its CPU work "
+            f"in {len(over)} of its last {len(self._over)} steps, more than the {self._target:g}x "
+            f"it emulates (slowdown {slowdown:g} x headroom {self.headroom_in_use:g}): other "
+            "processes are taking its core, so the slowdowns it emulates are not the ones asked "
+            f"for. Free the machine, or raise the headroom (HeterogeneityEmulator(headroom="
+            f"{max(wanted, 2)}) absorbs this load).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -241,7 +294,7 @@ class HeterogeneityEmulator(Callback):
         self._sync()
         # decided per step: another callback may set the thread count at fit start
         self._cpu_clock = pl_module.device.type == "cpu" and torch.get_num_threads() == 1
-        self._target = self.factor(trainer.global_rank, trainer.global_step) * self.headroom
+        self._target = self.factor(trainer.global_rank, trainer.global_step) * self.headroom_in_use
         self._grads, self._slept = 0, False
         self._t_start = time.perf_counter()
         self._work_start = self._work_clock()
