@@ -11,8 +11,35 @@ deferred so that ``--help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
+
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):`~?([^`]+)`")
+
+
+def plain(text: str | None) -> str | None:
+    """A docstring as plain text for ``--help``: reST roles and literals without markup.
+
+    ``:class:`~a.b.C``` becomes ``C`` (``a.b.C`` without the tilde), a double-backquoted
+    literal its text, and a line ending in ``::`` one ending in ``:``.
+
+    Args:
+        text: A docstring (a sub-command's module docstring), or None.
+
+    Returns:
+        The text, or None.
+    """
+    if text is None:
+        return None
+
+    def role(m: re.Match[str]) -> str:
+        target = m.group(1)
+        return target.rsplit(".", 1)[-1] if m.group(0).split("`")[1].startswith("~") else target
+
+    out = _ROLE.sub(role, text)
+    out = re.sub(r"``([^`]+)``", r"\1", out)
+    return re.sub(r"::$", ":", out, flags=re.M)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(sub)
     sim_cli.add_parser(sub)
     report.add_parser(sub)
+    for command in sub.choices.values():  # their descriptions are their modules' docstrings
+        command.description = plain(command.description)
     return parser
 
 

@@ -298,3 +298,36 @@ def test_any_input_is_read_in_bounded_memory_or_refused(tmp_path, capsys, monkey
         warnings.simplefilter("ignore")
         rc, stdout, err = run_report(argv, capsys)
     assert rc == 2 and stdout == "" and expect in err
+
+
+def test_a_training_run_gets_the_even_split_headline_and_a_title_of_its_start(tmp_path, capsys):
+    recs = []
+    for i, r in enumerate(records()[:6]):
+        recs.append(
+            {
+                **r,
+                "time": "2026-12-02T10:31:07.123+00:00",
+                "window_wall_s": 0.5,
+                "window_samples": 10 * sum(r["plan"]),
+                "even_step_ms": [60.0 + i, 55.0 + i, 65.0 + i],
+            }
+        )
+    log = tmp_path / "rex_decisions.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rc, _, _ = run_report([str(log), "--out", str(tmp_path / "r")], capsys)
+    assert rc == 0
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "<h2>run of 2026-12-02 10:31 UTC, 4 ranks</h2>" in page
+    assert 'class="headline"' in page and "the even split (DDP&#x27;s) would have trained" in page
+    assert page.count("<th>run id</th>") == 1 and "<th>run</th>" in page
+    check_pngs(tmp_path / "r", WINDOW_PNGS)
+
+
+def test_help_texts_are_plain_text(capsys):
+    from lightning_rex.__main__ import build_parser
+
+    parser = build_parser()
+    for command in ("bench", "simulate", "report"):
+        text = parser._subparsers._group_actions[0].choices[command].format_help()
+        assert "``" not in text and ":class:" not in text and ":mod:" not in text, command
+        assert not any(line.rstrip().endswith("::") for line in text.splitlines()), command

@@ -13,7 +13,8 @@ figure draws that many (spread over the groups ordered by mean compute time, the
 slowest included) over the min/median/max band of all ranks. In the p-value figure each
 proposal's marker says which test started it
 (:func:`~lightning_rex.tools.windows.proposal_cause`): only a proposal on a single window's
-imbalance has to sit below alpha.
+imbalance has to sit below alpha. Accepts and rollbacks are the validation test's outcomes,
+not the imbalance test's: they sit on a strip of their own above the p-values.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ DPI = 100
 FIGSIZE = (10.0, 4.5)
 P_FLOOR = 1e-12
 VLINE = {"rollback": ("tab:red", "--")}  # plan-change lines; others: grey dotted
+VALIDATION = {  # the validation test's outcomes, as the legend says them
+    "accept": "new plan kept (validated)",
+    "rollback": "new plan rolled back (slower)",
+}
 STYLE = {  # decision -> (colour, marker)
     "propose": ("tab:orange", "^"),
     "accept": ("tab:green", "o"),
@@ -241,41 +246,61 @@ def plot_pvalues(w: Windows, path: str | Path, alpha: float, title: str = "") ->
         if d not in STYLE:
             continue
         colour, marker = STYLE[d]
-        label = d
+        label = VALIDATION.get(d, d)
         if d in ("propose", "recommend"):
             text, marker = PROPOSAL_CAUSES[proposal_cause(w.reasons[i] if w.reasons else "")]
             label = text.replace("propose", d, 1)
         marks.setdefault((label, colour, marker), []).append(i)
+    strip = 4.0  # above p = 1: where the validation outcomes sit
     for (label, colour, marker), at in marks.items():
-        with quiet_numpy():
-            y = [np.nanmin(p[i]) if np.isfinite(p[i]).any() else 1.0 for i in at]
+        if label in VALIDATION.values():
+            y = [strip] * len(at)
+        else:
+            with quiet_numpy():
+                y = [np.nanmin(p[i]) if np.isfinite(p[i]).any() else 1.0 for i in at]
         ax.scatter(
             w.step[at], y, s=60, color=colour, marker=marker, zorder=3, edgecolors="k", label=label
         )
-    ax.set_ylim(max(P_FLOOR, min(alpha, float(np.nanmin(p)) if tested.any() else 1.0) / 3), 2.0)
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.text(
+        0.005,
+        strip,
+        " validation",
+        transform=ax.get_yaxis_transform(),
+        va="center",
+        fontsize=8,
+        color="0.3",
+    )
+    ax.set_ylim(max(P_FLOOR, min(alpha, float(np.nanmin(p)) if tested.any() else 1.0) / 3), 8.0)
     ax.set_xlabel("step (window end)")
     ax.set_ylabel("p-value")
     _legend(ax)
     return _save(fig, path)
 
 
-def plot_throughput(w: Windows, path: str | Path, title: str = "") -> Path:
-    """Global throughput per window, against the limit where the records carry one.
+def plot_throughput(w: Windows, path: str | Path, title: str = "", headline: str = "") -> Path:
+    """Global throughput per window, against the even split's estimate and the limit.
 
     Args:
         w: The run's windows.
         path: The PNG to write.
         title: A title prefix (the run).
+        headline: A line under the title (the run's speedup over the even split).
 
     Returns:
         ``path``.
     """
-    fig, ax = _figure(f"{title}global throughput")
+    fig, ax = _figure(f"{title}global throughput" + (f"\n{headline}" if headline else ""))
     ok = np.isfinite(w.throughput)
     if ok.any():
         ax.plot(w.step[ok], w.throughput[ok], "-", color="tab:blue", lw=1.2, label="measured")
     else:
         _empty(ax, "no throughput in these records")
+    even = np.isfinite(w.even[:, 0]) if len(w.even) else np.zeros(len(w.step), bool)
+    if even.any():
+        x, e = w.step[even], w.even[even]
+        ax.fill_between(x, e[:, 1], e[:, 2], color="tab:orange", alpha=0.25, label="95% interval")
+        ax.plot(x, e[:, 0], "--", color="tab:orange", lw=1.2, label="even split (estimated)")
     lim = np.isfinite(w.limit)
     if lim.any():
         ax.plot(w.step[lim], w.limit[lim], "--", color="k", lw=1.2, label="limit (oracle)")

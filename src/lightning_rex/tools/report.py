@@ -13,9 +13,13 @@ checkpoint is drawn after the windows of the run it resumed (``resumed_from``) u
 own first window, and branches resumed from one checkpoint are drawn apart. For a decision log the
 report draws ``compute.png`` (each rank's median compute time per window, plan changes as
 vertical lines), ``plan.png`` (each rank's micro-batch over steps), ``pvalues.png`` (the
-imbalance test's adjusted p-values against alpha, with the proposals, accepts and rollbacks
-marked) and ``throughput.png`` (global samples per second, against the limit where the
-records carry ``limit_samples_per_s``, as simulator traces do). A simulator trace directory
+imbalance test's adjusted p-values against alpha, with the proposals marked where their
+test is drawn and the accepts and rollbacks on a strip of their own) and ``throughput.png``
+(global samples per second, against the even split's estimate where the records carry one,
+as training's do, and against the limit where they carry ``limit_samples_per_s``, as
+simulator traces do). The page's headline for a training run is its measured throughput
+against what the even split would have given on the same ranks, estimated from their
+measured step times (see :mod:`lightning_rex.tools.headline`). A simulator trace directory
 (``simulate --trace DIR``) gives those plots per scenario, prefixed by the scenario's name,
 for ``--policy`` on ``--seed``, and ``comparison.png``: each policy's efficiency per scenario,
 the arithmetic mean over seeds (``eff_mean``) with its 95% interval. ``simulate --json``
@@ -152,7 +156,7 @@ def _pick_run(
         earlier = {tuple(r["window"]): r for r in runs[parent][1] if r["window"][1] <= start}
         records = sorted(earlier.values(), key=lambda r: r["window"][0]) + records
         parent = runs[parent][1][-1].get("resumed_from")
-    return run_id, runs[run_id][0], records
+    return run_label(run_id, records), runs[run_id][0], records
 
 
 def _comparison_from_json(d: dict[str, Any], path: Path, out: Report) -> None:
@@ -272,17 +276,38 @@ def _lineage(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [("resumed from", chain)]
 
 
-def _run_section(label: str, source: Path, records: list[dict[str, Any]], pngs: list[Path]) -> str:
-    """The HTML of one run: summary, plots, and its non-hold decisions."""
+def run_label(run_id: str, records: list[dict[str, Any]]) -> str:
+    """A run's name for titles: when it started and on how many ranks.
+
+    Args:
+        run_id: The run's id (used where the records carry no time).
+        records: Its records, in order.
+
+    Returns:
+        ``"run of 2026-12-02 10:31 UTC, 2 ranks"``.
+    """
+    when = str(records[0].get("time") or "")
+    n = len(records[-1]["plan"])
+    ranks = f"{n} rank{'s' if n != 1 else ''}"
+    if len(when) >= 16:
+        return f"run of {when[:10]} {when[11:16]} UTC, {ranks}"
+    return f"run {run_id}, {ranks}"
+
+
+def _run_section(
+    label: str, source: Path, records: list[dict[str, Any]], pngs: list[Path], headline: str
+) -> str:
+    """The HTML of one run: headline, summary, plots, and its non-hold decisions."""
     e = html.escape
     changes = [r for r in records if r.get("effective_step") is not None]
     counts: dict[str, int] = {}
     for r in records:
         counts[str(r["decision"])] = counts.get(str(r["decision"]), 0) + 1
     final = changes[-1]["new_plan"] if changes else records[-1]["plan"]
+    run_id = str(records[-1].get("run_id"))
     summary = [
-        ("run", label),
-        ("run id", str(records[-1].get("run_id"))),
+        *([] if label == run_id else [("run", label)]),
+        ("run id", run_id),
         ("source", str(source)),
         *_lineage(records),
         ("windows", f"{len(records)} (steps {records[0]['window'][0]}-{records[-1]['step']})"),
@@ -292,7 +317,10 @@ def _run_section(label: str, source: Path, records: list[dict[str, Any]], pngs: 
         ("first plan", _fmt_plan(records[0]["plan"])),
         ("final plan", _fmt_plan(final)),
     ]
-    parts = [f"<h2>{e(label)}</h2>", "<table>"]
+    parts = [f"<h2>{e(label)}</h2>"]
+    if headline:
+        parts.append(f'<p class="headline"><b>{e(headline)}</b></p>')
+    parts.append("<table>")
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in summary]
     parts.append("</table>")
     parts += [
@@ -330,7 +358,8 @@ def _page(report: Report, sections: list[str], comparison: Path | None) -> str:
         '<html><head><meta charset="utf-8"><title>lightning-rex report</title>',
         "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
         "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;"
-        "padding:2px 6px;text-align:left;font-size:90%}img{max-width:100%}</style>",
+        "padding:2px 6px;text-align:left;font-size:90%}img{max-width:100%}"
+        ".headline{font-size:120%}</style>",
         "</head><body><h1>lightning-rex report</h1>",
     ]
     if comparison is not None:
@@ -400,6 +429,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _write(report: Report, args: argparse.Namespace, plots: ModuleType) -> list[Path]:
     """Draw every plot and the page; return the files written."""
+    from lightning_rex.tools.headline import even_split_headline
+
     first = Path(args.inputs[0])
     out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "rex_report"
     out.mkdir(parents=True, exist_ok=True)
@@ -416,14 +447,21 @@ def _write(report: Report, args: argparse.Namespace, plots: ModuleType) -> list[
             prefix = f"{prefix}{len(used)}_"
         used.add(prefix)
         title = f"{label}: "
+        found = even_split_headline(records)
+        headline = "" if found is None else found.sentence()
         pngs = [
             plots.plot_compute(w, out / f"{prefix}compute.png", title),
             plots.plot_plan(w, out / f"{prefix}plan.png", float(records[-1]["step"]), title),
             plots.plot_pvalues(w, out / f"{prefix}pvalues.png", alpha, title),
-            plots.plot_throughput(w, out / f"{prefix}throughput.png", title),
+            plots.plot_throughput(
+                w,
+                out / f"{prefix}throughput.png",
+                title,
+                "" if found is None else f"x{found.speedup[0]:.2f} the even split's estimate",
+            ),
         ]
         written += pngs
-        sections.append(_run_section(label, source, records, pngs))
+        sections.append(_run_section(label, source, records, pngs, headline))
     comparison = None
     if report.comparison:
         comparison = plots.plot_comparison(report.comparison, out / "comparison.png")

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from lightning_rex.tools.headline import even_split_series
+
 __all__ = [
     "GROUP_TOLERANCE",
     "MAX_RANK_LINES",
@@ -41,10 +43,10 @@ GROUP_TOLERANCE = 0.1
 by less than this fraction."""
 
 PROPOSAL_CAUSES = {  # cause -> (legend text, marker)
-    "cold start": ("propose: cold start (kinds pooled)", "^"),
-    "persistent": ("propose: persistent (windows pooled)", ">"),
-    "refined": ("propose: refines an accept", "<"),
-    "bounds": ("propose: size bounds (no test)", "D"),
+    "cold start": ("propose: first window imbalanced (tested by device kind)", "^"),
+    "persistent": ("propose: imbalance lasted several windows (tested together)", ">"),
+    "refined": ("propose: a kept plan, still imbalanced, refined", "<"),
+    "bounds": ("propose: the plan broke the size bounds (no test)", "D"),
     "other": ("propose", "^"),
 }
 """How the p-value figure marks each kind of proposal: a proposal's test is not always the
@@ -87,6 +89,8 @@ class Windows:
         changes: ``(effective step, decision)`` of every applied plan change.
         reasons: Each window's reason (empty where the record has none).
         devices: Each rank's device label (:func:`device_label`), None where unknown.
+        even: The even split's estimated throughput, ``(W, 3)`` (mean, low, high) samples/s,
+            NaN where unknown (:func:`~lightning_rex.tools.headline.even_split_series`).
     """
 
     step: np.ndarray
@@ -99,6 +103,7 @@ class Windows:
     changes: list[tuple[int, str]]
     reasons: list[str] = dataclasses.field(default_factory=list)
     devices: list[str | None] = dataclasses.field(default_factory=list)
+    even: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 3)))
 
     @classmethod
     def from_records(cls, records: Sequence[Mapping[str, Any]]) -> Windows:
@@ -132,6 +137,7 @@ class Windows:
             changes=changes,
             reasons=[str(r.get("reason") or "") for r in records],
             devices=_devices(records, n),
+            even=nan_matrix(even_split_series(records), 3),
         )
 
 
