@@ -20,7 +20,8 @@ In your own script the change is two lines::
     import lightning_rex  # registers the "rex" strategy
     trainer = L.Trainer(devices=2, strategy="rex")  # was strategy="ddp"
 
-Run it (about 5 minutes on two cores; ``--repeat 5`` for a tighter median)::
+Run it (its duration on two cores is in README.md, Results; ``--repeat 5`` for a tighter
+median; ``--json FILE`` also writes the runs and ratios, as ``nox -s figures`` reads them)::
 
     python examples/quickstart.py
     python examples/quickstart.py --repeat 5 --steps 300
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import json
 import logging
 import statistics
 import sys
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the results to FILE")
     a = p.parse_args(argv)
     if a.steps <= 60:
         p.error("--steps must be above 60: 30 warm-up steps are not timed, and rex needs windows")
@@ -215,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     progress.close()
     print("scan: " + ", ".join(f"{list(k)} {v:.0f}" for k, v in rates.items()) + " samples/s")
     print("\n".join(summary(result, best, len(SCAN))))
+    if a.json:
+        scanned = [{"plan": list(k), "samples_per_s": v} for k, v in rates.items()]
+        out = {"scan": scanned, "static_plan": best, **result}
+        with open(a.json, "w") as fh:
+            json.dump(out, fh)
     return 0
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from lightning_rex.sim.progress import progress_bar
 
-__all__ = ["add_parser", "main"]
+__all__ = ["add_parser", "best_peer", "main"]
 
 POLICIES = ("even", "static", "proportional", "lbb", "omnilearn", "rex", "oracle")
 BATCH_POLICIES = ("fixed", "hindsight", "pollux")  # rex too; on workload scenarios only
@@ -333,13 +333,18 @@ def main(args: argparse.Namespace) -> int:
         path = write_summary(args.trace, scen, seeds, per)
         print(f"simulate: wrote the trace to {path.parent}", file=sys.stderr)
     agg = {n: aggregate(rs, scen.steps) for n, rs in per.items()}
+    best: dict[str, Any] | None = None
     if "rex" in per:  # each policy against rex, paired by seed
         rex = [r["efficiency"] for r in per["rex"]]
         for n, rs in per.items():
             ratio = paired_ratio([r["efficiency"] for r in rs], rex)
             agg[n]["vs_rex"], agg[n]["vs_rex_ci95"] = ratio[0], [ratio[1], ratio[2]]
+        best = best_peer(per)
+    out: dict[str, Any] = {"scenario": scen.name, "seeds": seeds, "policies": agg}
+    if best is not None:
+        out["rex_over_best_peer"] = best
     if args.json:
-        print(json.dumps({"scenario": scen.name, "seeds": seeds, "policies": agg}))
+        print(json.dumps(out))
     else:
         print(
             f"scenario {scen.name}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), "
@@ -347,4 +352,33 @@ def main(args: argparse.Namespace) -> int:
         )
         cols = list(next(iter(agg.values())).keys())
         print(_table(agg, cols if args.wide else [c for c in _SEEDS if c in cols]))
+        if best is not None:
+            lo, hi = best["ci95"]
+            ci = "" if lo is None else f" [{lo:.3f}, {hi:.3f}] (95%, paired by seed)"
+            print(f"rex / best peer ({best['peer']}): {best['ratio']:.3f}{ci}")
     return 0
+
+
+def best_peer(per: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """Rex's efficiency over the best other policy's, paired by seed.
+
+    The best peer is the policy other than rex and the oracle with the highest mean
+    efficiency over the seeds.
+
+    Args:
+        per: Each policy's per-seed results (``rex`` among them).
+
+    Returns:
+        ``{"peer", "ratio", "ci95": [low, high]}`` (the interval None for one seed), or
+        None when rex has no peer here.
+    """
+    from lightning_rex.sim.report import paired_ratio
+
+    peers = {n: rs for n, rs in per.items() if n not in ("rex", "oracle")}
+    if "rex" not in per or not peers:
+        return None
+    name = max(peers, key=lambda n: sum(r["efficiency"] for r in peers[n]) / len(peers[n]))
+    ratio = paired_ratio(
+        [r["efficiency"] for r in per["rex"]], [r["efficiency"] for r in peers[name]]
+    )
+    return {"peer": name, "ratio": ratio[0], "ci95": [ratio[1], ratio[2]]}
