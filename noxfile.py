@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, typecheck, docs, examples, demo.
+"""nox sessions: tests, lint, typecheck, docs, examples, demo, figures.
 
 Each session installs the CPU build of torch first (``torch==2.13.0`` is served locally on
 our machines; a bare ``torch`` requirement would pull a multi-GB CUDA build), then the
@@ -31,8 +31,9 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
     session.install("ruff>=0.5")
-    session.run("ruff", "check", "src", "tests", "examples", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "examples", "noxfile.py")
+    files = ("src", "tests", "examples", "docs/figures", "noxfile.py", "setup.py")
+    session.run("ruff", "check", *files)
+    session.run("ruff", "format", "--check", *files)
 
 
 @nox.session
@@ -67,6 +68,17 @@ def examples(session: nox.Session) -> None:
     session.run(*py, f"{ex}/batch_scaling.py", "--repeat", "1", "--stop-at-target")
     session.run(*py, f"{ex}/profile_curve.py", "--model", "bench", "--sizes", "1,4,16")
     session.run(*py, f"{ex}/gpu_check.py")  # says there is no GPU and exits 0 on CPU
+
+
+@nox.session
+def figures(session: nox.Session) -> None:
+    """Run the figure jobs (all, or those named after --) and splice them into the docs.
+
+    Every measured figure of README.md and docs/ comes from here (docs/figures/figures.py);
+    tests/test_figures.py fails when a page quotes a figure no job measured.
+    """
+    _install(session, "examples")
+    session.run("python", "docs/figures/figures.py", "run", *session.posargs)
 
 
 @nox.session

@@ -6,6 +6,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.helpers.env import user_env
 
 from lightning_rex.sim import scenario_from_dict
 
@@ -70,12 +71,11 @@ def test_the_demos_bar_counts_steps_across_runs(capsys):
 @pytest.mark.distributed
 def test_the_adaptive_cli_example_changes_the_plan_within_100_steps_and_says_so(tmp_path):
     """A real 2-rank fit of examples/cli/adaptive.yaml (rank 1 emulated 3x slower)."""
-    import os
     import subprocess
     import sys
 
     cfg = EXAMPLES / "cli" / "adaptive.yaml"
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = user_env(PYTHONWARNINGS="ignore")
     proc = subprocess.run(
         [
             sys.executable,

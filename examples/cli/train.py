@@ -3,7 +3,7 @@
 The only rex-specific line is ``import lightning_rex``, which registers the short strategy
 names ("rex", "rex_spawn", "rex_fork"); a class path with arguments
 (``class_path: lightning_rex.RexStrategy`` and ``init_args`` in YAML) works without it.
-Each config runs in under a minute on two CPU cores::
+Each config runs on two CPU cores (its duration is in the README's examples table)::
 
     # adaptive: strategy "rex", a RexCallback with its arguments, rank 1 emulated 3x slower;
     # it prints a line for each decision (RexCallback(verbose=false) keeps it quiet)

@@ -97,3 +97,38 @@ def test_inline_observer_is_ready_at_once() -> None:
     assert e.info == {"i": 0} and isinstance(e.outcome, Decision)
     obs.decline()  # inline: immediate, no thread
     obs.shutdown()
+
+
+def test_a_poll_after_an_entrys_exchange_waits_for_it_and_one_before_does_not() -> None:
+    c = _Gated()
+    obs = BackgroundObserver(c)
+    try:
+        obs.submit(_window(0), {}, due=15)
+        assert obs.take_ready(step=15) == []  # its own exchange: not waited for
+        threading.Timer(0.2, c.gate.set).start()
+        (e,) = obs.take_ready(step=20)  # the next poll waits
+        assert isinstance(e.outcome, Decision) and e.info["exchange_wait_s"] > 0
+    finally:
+        obs.shutdown()
+
+
+class _NoEstimate(Controller):
+    def even_split_estimate(self) -> tuple[float, float, float] | None:
+        raise ArithmeticError("no estimate")
+
+
+def test_the_even_split_estimate_is_recorded_and_its_failure_stops_nothing() -> None:
+    import pytest
+
+    obs = BackgroundObserver(Controller(64, 2), background=False, estimate=True)
+    obs.submit(_window(0), {})
+    (e,) = obs.take_ready()
+    mean, lo, hi = e.info["even_step_s"]
+    assert lo <= mean <= hi and mean == pytest.approx(0.01, rel=0.2)
+    obs = BackgroundObserver(_NoEstimate(64, 2), background=False, estimate=True)
+    with pytest.warns(RuntimeWarning, match="the even split's estimate failed"):
+        obs.submit(_window(0), {})
+        obs.submit(_window(10), {})  # warned once
+    assert all(
+        isinstance(x.outcome, Decision) and x.info["even_step_s"] is None for x in obs.take_ready()
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import site
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.accelerators import MPSAccelerator
 from lightning.pytorch.strategies import StrategyRegistry
+from tests.helpers.env import user_env
 
 import lightning as L
 from lightning_rex import GlobalBatchScaling, RexCallback, RexStrategy
@@ -103,7 +103,7 @@ def test_rex_works_without_the_import_through_the_startup_hook() -> None:
         "t = L.Trainer(strategy='rex', accelerator='cpu', devices=2, logger=False)\n"
         "print(type(t.strategy).__name__)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "LIGHTNING_REX_NO_HOOK"}
+    env = {k: v for k, v in user_env().items() if k != "LIGHTNING_REX_NO_HOOK"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )

@@ -28,6 +28,7 @@ import contextlib
 import os
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,7 @@ class BackgroundObserver:
         self.decider = decider
         self.min_size = int(min_size)
         self.estimate = bool(estimate)
+        self._estimate_failed = False
         self._pool = (
             concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="rex", initializer=_lowest_priority
@@ -129,10 +131,22 @@ class BackgroundObserver:
             if caps is not None:
                 self.decider.set_bounds(self.min_size, caps)
             entry.outcome = self.decider.observe(entry.window)
-            if self.estimate:
-                entry.info["even_step_s"] = self.decider.even_split_estimate()
         except BaseException as err:  # reported through the next exchange, on every rank
             entry.outcome = err
+            return
+        if self.estimate:
+            try:
+                entry.info["even_step_s"] = self.decider.even_split_estimate()
+            except Exception as err:  # the report's baseline only: training goes on without it
+                entry.info["even_step_s"] = None
+                if not self._estimate_failed:
+                    self._estimate_failed = True
+                    warnings.warn(
+                        f"lightning-rex: the even split's estimate failed ({err!r}); the report"
+                        " will have no headline for this run",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
 
     def take_ready(self, step: int | None = None) -> list[Pending]:
         """Remove and return the entries whose outcome is known, oldest first.
