@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")  # this example's output only: Lightning's notes on CPU runs
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch.lightning_rex").setLevel(logging.INFO)  # rex's lines
     assert lightning_rex.__version__  # the import registers "rex_fork"
     train, val = datasets()
     torch.manual_seed(0)

@@ -94,9 +94,10 @@ class RexCallback(Callback):
             read when the callback is built, so a bad source fails at once. A resumed fit
             keeps its checkpoint's plan.
         verbose: Print one line per decision on rank 0, through Lightning's logging (the
-            ``lightning.pytorch`` logger, at INFO): the new plan and from which step, why,
-            and the predicted gain; holds are not printed. False keeps the terminal quiet
-            (every decision is still in ``rex_decisions.jsonl`` and the loggers).
+            ``lightning.pytorch.lightning_rex`` logger, at INFO, printed with Lightning's
+            messages): the new plan and from which step, why, and the predicted gain; holds
+            are not printed. False keeps the terminal quiet (every decision is still in
+            ``rex_decisions.jsonl`` and the loggers).
 
     Raises:
         ValueError: For arguments outside the ranges above, naming the argument.

@@ -13,6 +13,7 @@ target is a frozen schedule and the session only monitors.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -43,7 +44,12 @@ from lightning_rex.lightning.watchdog import HangWatchdog, default_store
 from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound, device_key
 from lightning_rex.measure.timing import ComputeTimer
 
-__all__ = ["FitSession", "SessionOptions", "StepTimeFn"]
+__all__ = ["DECISIONS", "FitSession", "SessionOptions", "StepTimeFn"]
+
+DECISIONS = logging.getLogger("lightning.pytorch.lightning_rex")
+"""Where the decision lines go: a child of Lightning's logger, so they print with its
+messages, and a script that silences Lightning can keep them
+(``logging.getLogger("lightning.pytorch.lightning_rex").setLevel(logging.INFO)``)."""
 
 StepTimeFn = Callable[[int, int, int], float]
 """``fn(rank, step, micro_batch) -> seconds``: injected step times (tests and replays)."""
@@ -349,8 +355,8 @@ class FitSession:
         # the loggers get the latest window's scalars at Lightning's next logging step
         self._metrics = window_metrics(record)
         line = decision_line(record) if self.cb.verbose else None
-        if line is not None:
-            rank_zero_info(line)
+        if line is not None:  # rank 0 writes the records
+            DECISIONS.info(line)
 
     def _progress(self, message: ExchangeMessage) -> None:
         trainer = self.trainer
