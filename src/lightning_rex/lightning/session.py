@@ -279,7 +279,7 @@ class FitSession:
                 if math.isfinite(sample) and sample > 0:
                     self._injected_s += float(sample)
         self.driver.record(self.step, [sample], self.comparable)
-        if self._metrics and is_logging_step(self.trainer):
+        if self._metrics and self.trainer.loggers and is_logging_step(self.trainer):
             # with the step's own metrics, in Lightning's record of the step (rank 0's values)
             metrics, self._metrics = self._metrics, {}
             self.trainer.lightning_module.log_dict(
