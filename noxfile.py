@@ -77,7 +77,7 @@ def figures(session: nox.Session) -> None:
     Every measured figure of README.md and docs/ comes from here (docs/figures/figures.py);
     tests/test_figures.py fails when a page quotes a figure no job measured.
     """
-    _install(session, "examples")
+    _install(session, "dev,examples")  # dev: the controller's trials are its tests' own
     session.run("python", "docs/figures/figures.py", "run", *session.posargs)
 
 
