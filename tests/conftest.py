@@ -16,9 +16,22 @@ torch.set_num_threads(1)
 _ROOT = Path(__file__).resolve().parents[1]
 
 
+_SESSION_ENV = dict(os.environ)
+
+
 @pytest.fixture(autouse=True)
 def _clean_process_state():
-    """Restore environment variables and tear down any process group a test left behind."""
+    """Restore environment variables and tear down any process group a test left behind.
+
+    Launcher variables (``MASTER_PORT``, ``LOCAL_RANK``...) that an in-process fit of a
+    module-scoped fixture left behind are removed before each test too: a script a test
+    starts would otherwise take itself for a rank of an external launch and wait for peers.
+    """
+    from tests.helpers.env import LAUNCHER
+
+    for key in LAUNCHER:
+        if key in os.environ and key not in _SESSION_ENV:
+            del os.environ[key]
     env = dict(os.environ)
     yield
     if torch.distributed.is_available() and torch.distributed.is_initialized():

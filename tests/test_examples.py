@@ -6,7 +6,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from tests.helpers.env import user_env
+from tests.helpers.env import run_python
 
 from lightning_rex.sim import scenario_from_dict
 
@@ -71,25 +71,14 @@ def test_the_demos_bar_counts_steps_across_runs(capsys):
 @pytest.mark.distributed
 def test_the_adaptive_cli_example_changes_the_plan_within_100_steps_and_says_so(tmp_path):
     """A real 2-rank fit of examples/cli/adaptive.yaml (rank 1 emulated 3x slower)."""
-    import subprocess
-    import sys
-
     cfg = EXAMPLES / "cli" / "adaptive.yaml"
-    env = user_env(PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(EXAMPLES / "cli" / "train.py"),
-            "fit",
-            f"--config={cfg}",
-            "--trainer.max_steps=100",
-            f"--trainer.logger.init_args.save_dir={tmp_path}",
-        ],
+    proc = run_python(
+        str(EXAMPLES / "cli" / "train.py"),
+        "fit",
+        f"--config={cfg}",
+        "--trainer.max_steps=100",
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [
@@ -102,13 +91,7 @@ def test_the_adaptive_cli_example_changes_the_plan_within_100_steps_and_says_so(
     assert changes and changes[0]["effective_step"] < 100
     assert len(lines) == len([r for r in records if r["decision"] != "hold"])
     # the report of this real fit says what rex gained over the even split's estimate
-    report = subprocess.run(
-        [sys.executable, "-m", "lightning_rex", "report", str(log.parent)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    report = run_python("-m", "lightning_rex", "report", str(log.parent))
     assert report.returncode == 0, report.stderr
     page = (log.parent / "rex_report" / "index.html").read_text()
     assert "the even split (DDP&#x27;s) would have trained" in page, page[:2000]

@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from tests.helpers.env import user_env
+from tests.helpers.env import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -78,32 +78,14 @@ def test_every_readme_shell_line_works_as_pasted() -> None:
 @pytest.mark.distributed
 def test_the_readme_script_trains_and_its_run_can_be_reported(tmp_path: Path) -> None:
     """The first python block is a whole script: it trains 2 CPU ranks, then the report."""
-    import subprocess
-    import sys
-
     script = re.search(r"```python\n(.*?)```", README, re.S)
     assert script is not None
     (tmp_path / "train.py").write_text(script.group(1))
-    env = user_env(PYTHONWARNINGS="ignore")
-    run = subprocess.run(
-        [sys.executable, "train.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = run_python("train.py", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "plan in force at the end: (" in run.stdout
     log = tmp_path / "lightning_logs" / "version_0" / "rex_decisions.jsonl"
     assert log.is_file() and log.read_text().strip()
-    report = subprocess.run(
-        [sys.executable, "-m", "lightning_rex", "report", "lightning_logs/version_0"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    report = run_python("-m", "lightning_rex", "report", "lightning_logs/version_0", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert (log.parent / "rex_report" / "index.html").is_file()

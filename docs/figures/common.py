@@ -51,6 +51,11 @@ def _rex(*args: str, output: str = "json", load: int = 0) -> Command:
     return Command(("{python}", "-m", "lightning_rex", *args), output, load)
 
 
+def _sim(scenario: str, args: str) -> Command:
+    """``python -m lightning_rex simulate --scenario SCENARIO ARGS --json``."""
+    return _rex("simulate", "--scenario", scenario, *args.split(), "--json")
+
+
 def _example(name: str, *args: str, output: str = "none", load: int = 0) -> Command:
     return Command(("{python}", f"{{root}}/examples/{name}", *args), output, load)
 

@@ -8,6 +8,7 @@ from common import (
     Command,
     _over_rex,
     _rex,
+    _sim,
     duration,
     f3,
     interval,
@@ -29,30 +30,11 @@ README_POLICIES = ("even", "lbb", "omnilearn", "rex")
 
 def _readme_cmds() -> dict[str, Command]:
     out = {}
+    compare = f"--compare {','.join(README_POLICIES)} --seeds 0-9"
     for preset in README_PRESETS:
-        out[preset] = _rex(
-            "simulate",
-            "--scenario",
-            preset,
-            "--compare",
-            ",".join(README_POLICIES),
-            "--seeds",
-            "0-9",
-            "--json",
-        )
+        out[preset] = _sim(preset, compare)
         if preset == "a100-v100-t4-8":  # its row with shape changes free follows it
-            out[f"{preset}@0"] = _rex(
-                "simulate",
-                "--scenario",
-                preset,
-                "--compare",
-                ",".join(README_POLICIES),
-                "--seeds",
-                "0-9",
-                "--shape-change-s",
-                "0",
-                "--json",
-            )
+            out[f"{preset}@0"] = _sim(preset, f"{compare} --shape-change-s 0")
     return out
 
 
@@ -102,16 +84,8 @@ def _help_cmds() -> dict[str, Command]:
             if cost is not None and preset == "pair-3x":
                 continue  # pair-3x charges nothing already
             extra = () if cost is None else ("--shape-change-s", cost)
-            out[f"{name}@{cost or 'preset'}"] = _rex(
-                "simulate",
-                "--scenario",
-                preset,
-                "--compare",
-                ",".join(HELP_POLICIES),
-                "--seeds",
-                "0-9",
-                *extra,
-                "--json",
+            out[f"{name}@{cost or 'preset'}"] = _sim(
+                preset, f"--compare {','.join(HELP_POLICIES)} --seeds 0-9 {' '.join(extra)}"
             )
     return out
 
@@ -209,16 +183,8 @@ def _peer_cmds() -> dict[str, Command]:
             if cost is not None and preset == "pair-3x":
                 continue
             extra = () if cost is None else ("--shape-change-s", cost)
-            out[f"{preset}@{cost or 'preset'}"] = _rex(
-                "simulate",
-                "--scenario",
-                preset,
-                "--compare",
-                ",".join(pols),
-                "--seeds",
-                seeds,
-                *extra,
-                "--json",
+            out[f"{preset}@{cost or 'preset'}"] = _sim(
+                preset, f"--compare {','.join(pols)} --seeds {seeds} {' '.join(extra)}"
             )
     return out
 
@@ -256,107 +222,27 @@ def render_sim_peers(data: dict[str, Any]) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- targets
+BASELINES = "--compare static,proportional,rex --seeds 0-9 --shape-change-s 0"
 TARGET_CMDS = {
-    "a100": _rex(
-        "simulate",
-        "--scenario",
-        "a100-v100-t4-8",
-        "--compare",
-        "static,proportional,rex",
-        "--seeds",
-        "0-9",
-        "--shape-change-s",
-        "0",
-        "--json",
+    "a100": _sim(
+        "a100-v100-t4-8", "--compare static,proportional,rex --seeds 0-9 --shape-change-s 0"
     ),
-    "mixed-64": _rex(
-        "simulate",
-        "--scenario",
-        "mixed-64",
-        "--compare",
-        "static,proportional,rex",
-        "--seeds",
-        "0-9",
-        "--shape-change-s",
-        "0",
-        "--json",
+    "mixed-64": _sim(
+        "mixed-64", "--compare static,proportional,rex --seeds 0-9 --shape-change-s 0"
     ),
-    "slowdown-mid": _rex(
-        "simulate",
-        "--scenario",
-        "slowdown-mid-16",
-        "--compare",
-        "static,proportional,rex",
-        "--seeds",
-        "0-9",
-        "--shape-change-s",
-        "0",
-        "--json",
+    "slowdown-mid": _sim(
+        "slowdown-mid-16", "--compare static,proportional,rex --seeds 0-9 --shape-change-s 0"
     ),
-    "drift": _rex(
-        "simulate",
-        "--scenario",
-        "drift-16",
-        "--compare",
-        "static,proportional,rex",
-        "--seeds",
-        "0-9",
-        "--shape-change-s",
-        "0",
-        "--json",
+    "drift": _sim("drift-16", BASELINES),
+    "noise": _sim(
+        "homogeneous-8", "--cv 0.3 --ar1 0.5 --policy rex --seeds 0-19 --shape-change-s 0"
     ),
-    "noise": _rex(
-        "simulate",
-        "--scenario",
-        "homogeneous-8",
-        "--cv",
-        "0.3",
-        "--ar1",
-        "0.5",
-        "--policy",
-        "rex",
-        "--seeds",
-        "0-19",
-        "--shape-change-s",
-        "0",
-        "--json",
-    ),
-    "slowdown-15pct": _rex(
-        "simulate",
-        "--scenario",
-        "slowdown-15pct-16",
-        "--policy",
-        "rex",
-        "--seeds",
-        "0-59",
-        "--shape-change-s",
-        "0",
-        "--json",
-    ),
-    "transient": _rex(
-        "simulate",
-        "--scenario",
-        "transient-16",
-        "--policy",
-        "rex",
-        "--seeds",
-        "0-59",
-        "--shape-change-s",
-        "0",
-        "--json",
-    ),
-    "spiky": _rex(
-        "simulate", "--scenario", "spiky-noise-8", "--policy", "rex", "--seeds", "0-19", "--json"
-    ),
-    "twoscale": _rex(
-        "simulate", "--scenario", "twoscale-noise-8", "--policy", "rex", "--seeds", "0-19", "--json"
-    ),
-    "latency-8": _rex(
-        "simulate", "--scenario", "a100-v100-t4-8", "--policy", "rex", "--seed", "0", "--json"
-    ),
-    "latency-4096": _rex(
-        "simulate", "--scenario", "mixed-4096", "--policy", "rex", "--seed", "0", "--json"
-    ),
+    "slowdown-15pct": _sim("slowdown-15pct-16", "--policy rex --seeds 0-59 --shape-change-s 0"),
+    "transient": _sim("transient-16", "--policy rex --seeds 0-59 --shape-change-s 0"),
+    "spiky": _sim("spiky-noise-8", "--policy rex --seeds 0-19"),
+    "twoscale": _sim("twoscale-noise-8", "--policy rex --seeds 0-19"),
+    "latency-8": _sim("a100-v100-t4-8", "--policy rex --seed 0"),
+    "latency-4096": _sim("mixed-4096", "--policy rex --seed 0"),
 }
 
 
@@ -492,9 +378,7 @@ def _gns_cmds() -> dict[str, Command]:
         )
         for p in GNS
     }
-    out["gns-slow-4096"] = _rex(
-        "simulate", "--scenario", "gns-slow-4096", "--policy", "rex", "--seeds", "0-2", "--json"
-    )
+    out["gns-slow-4096"] = _sim("gns-slow-4096", "--policy rex --seeds 0-2")
     return out
 
 

@@ -9,9 +9,10 @@ imported on first use, so that ``lightning_rex.core``, ``.driver`` and ``.sim`` 
 without Lightning or ``torch.distributed``.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lightning_rex.__about__ import __version__
+from lightning_rex.core.lazy import lazy_attributes
 from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions, validate_plan
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.saved import StateError
@@ -53,20 +54,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a Lightning class of the public API on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+# the Lightning classes of the public API import on first use
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 register_when_lightning_loads()

@@ -8,6 +8,7 @@ for a rank of an external launch and wait for peers that never come.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 LAUNCHER = (
     "MASTER_ADDR",
@@ -29,3 +30,18 @@ def user_env(**extra: str) -> dict[str, str]:
     """``os.environ`` without the launcher's variables, with ``extra`` set."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
     return {**env, **extra}
+
+
+def run_python(*args: str, cwd: str | os.PathLike[str] | None = None) -> Any:
+    """``python ARGS`` in a user's environment (warnings off), output captured, 10 min at most."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=user_env(PYTHONWARNINGS="ignore"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )

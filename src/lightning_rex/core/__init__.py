@@ -6,7 +6,9 @@ model is first built); the simulator and the Lightning callback both drive it th
 same :class:`Controller` interface.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lightning_rex.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from lightning_rex.core.decide.controller import Controller
@@ -59,25 +61,9 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name on first use.
-
-    Importing the package (or any module in it) stays light: SciPy, BoTorch and torch load
-    with the modules that need them.
-    """
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+# importing the package (or any module in it) stays light: SciPy, BoTorch and torch load
+# with the modules that need them, on first use of a name
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 __all__ = [
     "Controller",

@@ -42,6 +42,7 @@ from lightning_rex.core.plans.plan import Plan, even_plan, validate_plan
 from lightning_rex.core.plans.planner import exploration_kappa, resolve_bounds
 from lightning_rex.core.plans.proposal import (
     best_plan_for,
+    plan_step_interval,
     propose_plan,
     refit_due,
     refit_when_due,
@@ -230,26 +231,17 @@ class Controller:
     def even_split_estimate(self) -> tuple[float, float, float] | None:
         """What the even split of ``B`` would take per step, as the model predicts it now.
 
-        The synchronous compute time ``max_r t_r(B / N)``: each rank's posterior at its even
-        size (mean and standard deviation, mixed over its tile hypotheses), the maximum's
-        distribution by 400 seeded draws. The report sets it against the measured
-        throughput: what rex gained over DDP's split on the same run.
+        The report sets it against the measured throughput: what rex gained over DDP's split
+        on the same run (:func:`~lightning_rex.core.plans.proposal.plan_step_interval`).
 
         Returns:
-            ``(mean, 2.5%, 97.5%)`` seconds, or None before the first window.
+            ``(mean, 2.5%, 97.5%)`` seconds of ``max_r t_r(B / N)``, or None before the
+            first window.
         """
         if self.model.n_obs == 0:
             return None
-        plan = np.asarray(even_plan(self.global_batch, self.world_size))
-        sizes = np.unique(plan)
-        mean, lower = self.model.predict_grid(sizes.astype(np.float64), kappa=1.0)
-        col = np.searchsorted(sizes, plan)
-        rows = np.arange(self.world_size)
-        mu, sd = mean[rows, col], np.maximum(mean[rows, col] - lower[rows, col], 0.0)
-        rng = np.random.default_rng(self.settings.seed + self._s.windows_seen)
-        draws = (mu + sd * rng.standard_normal((400, self.world_size))).max(axis=1)
-        lo, hi = np.percentile(draws, [2.5, 97.5])
-        return float(mu.max()), float(min(lo, mu.max())), float(max(hi, mu.max()))
+        plan = even_plan(self.global_batch, self.world_size)
+        return plan_step_interval(self.model, plan, self.settings.seed + self._s.windows_seen)
 
     def observe(self, window: Window) -> Decision:
         """Take one window (or, with ``looks > 1``, one segment of a window) and decide.
