@@ -80,13 +80,18 @@ def test_decline_runs_after_the_queued_windows_and_drain_waits_for_it() -> None:
     obs.shutdown()
 
 
-def test_size_caps_reach_the_controller_in_the_worker_before_it_observes() -> None:
+def test_pass_caps_reach_the_controller_in_the_worker_before_it_observes() -> None:
     c = _Gated()
     c.gate.set()
     obs = BackgroundObserver(c, min_size=1)
     obs.submit(_window(0), {}, [40, None])
     obs.drain()
-    assert c.max_sizes == [40, None]
+    # soft: the controller prices accumulation above 40 on rank 0, it does not bound it
+    assert c.pass_caps == [40, None] and c.max_sizes is None
+    assert c.model.window_caps[-1] == [40, 0]  # the window was learnt as run under them
+    obs.submit(_window(1), {}, None)  # no rank reports a cap any more: the caps are dropped
+    obs.drain()
+    assert c.pass_caps is None
     obs.shutdown()
 
 

@@ -16,6 +16,7 @@ from lightning_rex.sim.policies import (
     ProportionalPolicy,
     RexPolicy,
     StaticPolicy,
+    ThroughputPolicy,
     fit_plan,
     make_policy,
 )
@@ -62,9 +63,17 @@ def test_rex_is_an_adapter_over_the_controller():
     assert len(pol.decisions) == 1 and pol.rollbacks == 0
 
 
+def test_the_memory_blind_split_follows_the_first_windows_throughput_once():
+    pol = ThroughputPolicy()
+    pol.reset(INFO)
+    plan = pol.observe(win((40, 40, 40), [1.0, 2.0, 4.0]))  # 40, 20 and 10 samples/s
+    assert plan == (69, 34, 17) and sum(plan) == 120
+    assert pol.observe(win(plan, [1.0, 1.0, 3.0])) is None  # set once
+
+
 def test_make_policy_names():
     s = scenario_from_dict({"global_batch": 8, "steps": 30, "ranks": [{"rate": 1.0}] * 2})
-    for n in ("even", "static", "proportional", "rex", "oracle"):
+    for n in ("even", "static", "proportional", "throughput", "rex", "oracle"):
         assert make_policy(n, s).name == n
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("magic", s)

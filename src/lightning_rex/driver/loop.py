@@ -65,7 +65,12 @@ class WindowDriver:
             seconds already.
         clock: Wall-clock seconds, for the window's throughput (the simulator passes its
             simulated clock).
-        caps: Each hosted rank's current upper bound on its micro-batch (memory), or None.
+        caps: Each hosted rank's pass cap (the largest micro-batch it runs in one
+            forward/backward pass: its memory, None for none), read at every window's close
+            into the window row's cap column; the decider takes it as soft
+            (``set_pass_caps``): a larger size runs as ``ceil(b / cap)`` accumulation passes
+            (:func:`~lightning_rex.core.passes.passes`), priced, never forbidden. It must be
+            the cap the rank split the window's steps by. None: no caps.
         telemetry: Each hosted rank's telemetry sample, gathered with every window, or None
             (the same choice on every rank).
         on_record: Receives each window's record on rank 0.

@@ -70,7 +70,7 @@ class BackgroundObserver:
 
     Args:
         decider: The decider (rank 0's controller).
-        min_size: The smallest micro-batch, passed with every window's measured caps.
+        min_size: The smallest micro-batch (the size bounds' minimum).
         background: Use a background thread; False observes inline, on submit, so that
             every decision is ready at the next exchange (deterministic timing).
         estimate: After each window, ask the decider for its even-split estimate
@@ -95,6 +95,7 @@ class BackgroundObserver:
         self._queue = collections.deque()
         # a failed decline: it has no window of its own to carry its error
         self.error: BaseException | None = None
+        self._capped = False  # the decider was given pass caps
 
     @property
     def pending(self) -> bool:
@@ -105,7 +106,7 @@ class BackgroundObserver:
         self,
         window: Window,
         info: dict[str, Any],
-        max_sizes: Sequence[int | None] | None = None,
+        pass_caps: Sequence[int | None] | None = None,
         due: int = 0,
     ) -> None:
         """Queue ``window`` for the decider.
@@ -113,13 +114,16 @@ class BackgroundObserver:
         Args:
             window: The window to observe.
             info: The window's extras, returned with its outcome.
-            max_sizes: Per-rank size caps measured with the window (memory); they are set
-                on the decider in the same thread, just before it observes the window.
+            pass_caps: Per-rank pass caps the window ran under (the largest micro-batch a
+                rank runs in one pass: its memory; soft, a larger size accumulates), None
+                entries for none; they are set on the decider (``set_pass_caps``) in the
+                same thread, just before it observes the window. None: no rank reported
+                one (the decider is told so only if it had caps).
             due: The step of the window's own exchange; a later poll waits for its outcome
                 (:meth:`take_ready`).
         """
         entry = Pending(window, info, due=int(due))
-        caps = None if max_sizes is None else list(max_sizes)
+        caps = None if pass_caps is None else list(pass_caps)
         if self._pool is not None:
             self._queue.append((entry, self._pool.submit(self._observe, entry, caps)))
         else:
@@ -128,8 +132,9 @@ class BackgroundObserver:
 
     def _observe(self, entry: Pending, caps: list[int | None] | None) -> None:
         try:
-            if caps is not None:
-                self.decider.set_bounds(self.min_size, caps)
+            if caps is not None or self._capped:
+                self.decider.set_pass_caps(caps)
+                self._capped = caps is not None
             entry.outcome = self.decider.observe(entry.window)
         except BaseException as err:  # reported through the next exchange, on every rank
             entry.outcome = err

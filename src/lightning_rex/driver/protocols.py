@@ -237,7 +237,11 @@ class Decider(Protocol):
         ...
 
     def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
-        """Size bounds measured at run time (memory caps)."""
+        """Hard size bounds (a rank never gets more than its ``max_sizes`` entry)."""
+        ...
+
+    def set_pass_caps(self, pass_caps: Sequence[int | None] | None) -> None:
+        """Pass caps measured at run time (memory): soft, a larger size accumulates."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

@@ -23,6 +23,11 @@ training's ``rex_decisions.jsonl``) and ``DIR/summary.json``, which
 On a scenario with a ``workload`` (the ``gns-*`` presets), the policies are global batch
 policies, ``--compare fixed,hindsight,pollux,rex``, compared by their time to the workload's
 target (see :mod:`lightning_rex.sim.goodput_cli`).
+
+On a scenario with memory (pass caps, :mod:`lightning_rex.sim.memory`: ``fsdp-memory-8``)
+the output names each rank's pass cap, and a seed set adds rex's throughput over every
+other policy's, paired by seed (``"memory"`` in the JSON): ``rex / oracle`` is how close rex
+comes to the best plan that prices accumulation.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from lightning_rex.sim.progress import progress_bar
 
 __all__ = ["add_parser", "best_peer", "main"]
 
-POLICIES = ("even", "static", "proportional", "lbb", "omnilearn", "rex", "oracle")
+POLICIES = ("even", "static", "proportional", "throughput", "lbb", "omnilearn", "rex", "oracle")
 BATCH_POLICIES = ("fixed", "hindsight", "pollux")  # rex too; on workload scenarios only
 
 
@@ -208,7 +213,7 @@ def main(args: argparse.Namespace) -> int:
     from lightning_rex.driver.config import LoopConfig
     from lightning_rex.sim.engine import default_loop, simulate
     from lightning_rex.sim.policies import OraclePolicy, make_policy
-    from lightning_rex.sim.report import aggregate, paired_ratio
+    from lightning_rex.sim.report import aggregate, memory_summary, paired_ratio
     from lightning_rex.sim.scenario import ScenarioError
     from lightning_rex.sim.schema import load_scenario, with_noise, with_shape_change, with_steps
     from lightning_rex.sim.scoring import run
@@ -303,6 +308,8 @@ def main(args: argparse.Namespace) -> int:
                 f"scenario {scen.name}, seed {args.seed}, {scen.world_size} ranks, "
                 f"{scen.steps} steps"
             )
+            if scen.pass_caps is not None:
+                print(f"pass caps (samples per pass, memory): {_fmt(scen.pass_caps)}")
             cols = (
                 _SINGLE
                 if not args.wide
@@ -343,6 +350,9 @@ def main(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"scenario": scen.name, "seeds": seeds, "policies": agg}
     if best is not None:
         out["rex_over_best_peer"] = best
+    memory = memory_summary(per, scen.pass_caps)
+    if memory is not None:
+        out["memory"] = memory
     if args.json:
         print(json.dumps(out))
     else:
@@ -356,6 +366,11 @@ def main(args: argparse.Namespace) -> int:
             lo, hi = best["ci95"]
             ci = "" if lo is None else f" [{lo:.3f}, {hi:.3f}] (95%, paired by seed)"
             print(f"rex / best peer ({best['peer']}): {best['ratio']:.3f}{ci}")
+        if memory is not None:
+            print(f"pass caps (samples per pass, memory): {_fmt(memory['pass_caps'])}")
+            for n, (ratio, lo, hi) in memory["rex_over"].items():
+                ci = "" if lo is None else f" [{lo:.3f}, {hi:.3f}]"
+                print(f"rex / {n}: {ratio:.3f}{ci} (throughput, paired by seed)")
     return 0
 
 

@@ -10,7 +10,9 @@ warm-up is not measured, a decision is exchanged ``decision_lag`` steps after it
 a new plan applies from the next step, and the samples measured before it are dropped. The
 decider runs inline (``background=False``), as a deterministic stand-in for the training
 thread. The noise of a seed does not depend on the policy, so every policy (and the oracle
-that sets the limit) runs on the same noise.
+that sets the limit) runs on the same noise. A scenario's pass caps (its memory, see
+:mod:`~lightning_rex.sim.memory`) reach the driver as training's do, in every window row's
+cap column, and a capped rank's time is the sum of its accumulation passes' times.
 """
 
 from __future__ import annotations
@@ -105,6 +107,9 @@ class PolicyDecider:
     def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
         """Baselines take their bounds from :class:`PolicyInfo`."""
 
+    def set_pass_caps(self, pass_caps: Sequence[int | None] | None) -> None:
+        """Baselines take their pass caps from :class:`PolicyInfo`."""
+
     def state_dict(self) -> dict[str, Any]:
         """No state is saved."""
         return {}
@@ -139,6 +144,9 @@ class _Timed:
 
     def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
         self.decider.set_bounds(min_size, max_sizes)
+
+    def set_pass_caps(self, pass_caps: Sequence[int | None] | None) -> None:
+        self.decider.set_pass_caps(pass_caps)
 
     def state_dict(self) -> dict[str, Any]:
         return self.decider.state_dict()
@@ -185,6 +193,7 @@ def run_loop(
     devices: Sequence[str | None] | None = None,
     batch_range: tuple[int, int] | None = None,
     after_step: AfterStep | None = None,
+    pass_caps: Sequence[int | None] | None = None,
 ) -> LoopRun:
     """Drive the window loop through ``steps`` steps on per-rank times from a function.
 
@@ -210,6 +219,8 @@ def run_loop(
             or None: every plan sums to ``global_batch``.
         after_step: Called after every step with ``(step, plan)``; True ends the run there
             (a workload's target reached). ``step_s`` then holds the steps run.
+        pass_caps: Each rank's pass cap (memory), reported in every window row as
+            training's ranks report theirs, or None (no caps).
 
     Returns:
         The run.
@@ -226,6 +237,7 @@ def run_loop(
         target,
         lambda plan, bounds: timed,
         clock=lambda: clock[0],
+        caps=None if pass_caps is None else (lambda: list(pass_caps)),
     )
     labels = [None] * world_size if devices is None else list(devices)
     driver.start(0, device_keys(labels))
@@ -329,6 +341,7 @@ def simulate(
         s.devices,
         s.shape_change_s,
         s.shape_cache,
+        pass_caps=None if s.pass_caps is None else tuple(s.pass_caps),
     )
     policy.reset(info)
     if isinstance(policy, OraclePolicy):
@@ -349,6 +362,7 @@ def simulate(
         initial_plan=first,
         on_step=policy.observe_step,
         devices=s.devices,
+        pass_caps=s.pass_caps,
     )
     changes = [(st, p, prev) for (_, prev), (st, p) in itertools.pairwise(res.schedule)]
     return Trace(

@@ -8,10 +8,16 @@ exactly at event boundaries. :func:`make_policy` builds one by name, the publish
 
 Built in: ``even`` (what DDP does), ``static`` (LBB-like: profile two windows, fit an affine
 time per rank, solve once), ``proportional`` (OmniLearn-like:
-``db_r = -(b_r / t_r)(t_r - mean t)`` once a window, with a 20% deadband), ``rex`` (the
-decider :func:`~lightning_rex.core.build.build_decider` builds, as in training: the driver
-runs it itself) and ``oracle`` (knows the noise-free curves and the events and re-plans
-at every event boundary, outside the loop: it sets the limit).
+``db_r = -(b_r / t_r)(t_r - mean t)`` once a window, with a 20% deadband), ``throughput``
+(memory-blind: shares proportional to each rank's throughput measured under the even plan,
+set once), ``rex`` (the decider :func:`~lightning_rex.core.build.build_decider` builds, as in
+training: the driver runs it itself) and ``oracle`` (knows the noise-free curves, the events
+and the pass caps, and re-plans at every event boundary, outside the loop: it sets the
+limit).
+
+Pass caps (a scenario's memory, :mod:`~lightning_rex.sim.memory`) bound no policy's plan: a
+rank given more than its cap accumulates, and the engine times its passes. Only the oracle
+and rex price that; the baselines are memory-blind.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ __all__ = [
     "ProportionalPolicy",
     "RexPolicy",
     "StaticPolicy",
+    "ThroughputPolicy",
     "make_policy",
 ]
 
@@ -168,6 +175,32 @@ class ProportionalPolicy(PolicyBase):
         return plan if plan != window.plan else None
 
 
+class ThroughputPolicy(PolicyBase):
+    """Memory-blind proportional split: shares in proportion to measured throughput.
+
+    After the first window (under the even plan) each rank gets a share of ``B`` in
+    proportion to the samples per second it measured there (``b_r / t_r``), within the hard
+    bounds, and the plan is kept for the rest of the run. It ignores the ranks' memory: a
+    rank given more than its pass cap accumulates (the engine times its passes).
+    """
+
+    name = "throughput"
+
+    def reset(self, info: PolicyInfo) -> None:
+        """Wait for the first window."""
+        self.info = info
+        self.done = False
+
+    def observe(self, window: Window) -> Plan | None:
+        """Split in proportion to the first window's throughputs, once."""
+        if self.done:
+            return None
+        self.done = True
+        rates = np.asarray(window.plan, dtype=np.float64) / window.medians
+        plan = fit_plan(rates, self.info)
+        return plan if plan != window.plan else None
+
+
 class RexPolicy(PolicyBase):
     """The REX core, built and driven exactly as training builds and drives it.
 
@@ -275,6 +308,9 @@ class RexPolicy(PolicyBase):
 class OraclePolicy(PolicyBase):
     """Knows the noise-free curves and the events; re-plans at every event boundary.
 
+    The curves are the scenario's step times, accumulation passes included
+    (:meth:`~lightning_rex.sim.scenario.Scenario.time_table`): the oracle is memory-aware.
+
     Args:
         scenario: The scenario being run.
     """
@@ -321,8 +357,8 @@ def make_policy(name: str, scenario: Scenario) -> Policy:
     """Build a built-in policy by name.
 
     Args:
-        name: One of ``even``, ``static``, ``proportional``, ``lbb``, ``omnilearn``, ``rex``,
-            ``oracle``.
+        name: One of ``even``, ``static``, ``proportional``, ``throughput``, ``lbb``,
+            ``omnilearn``, ``rex``, ``oracle``.
         scenario: The scenario (the oracle needs it).
 
     Returns:
@@ -337,6 +373,8 @@ def make_policy(name: str, scenario: Scenario) -> Policy:
         return StaticPolicy()
     if name == "proportional":
         return ProportionalPolicy()
+    if name == "throughput":
+        return ThroughputPolicy()
     if name == "rex":
         return RexPolicy()
     if name == "oracle":
@@ -344,6 +382,6 @@ def make_policy(name: str, scenario: Scenario) -> Policy:
     if name in ("lbb", "omnilearn"):
         return LBBPolicy() if name == "lbb" else OmniLearnPolicy()
     raise ValueError(
-        f"unknown policy {name!r}; choose from even, static, proportional, lbb, omnilearn, rex, "
-        "oracle"
+        f"unknown policy {name!r}; choose from even, static, proportional, throughput, lbb, "
+        "omnilearn, rex, oracle"
     )

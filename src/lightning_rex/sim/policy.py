@@ -69,6 +69,7 @@ class PolicyInfo:
         comm: Seconds added to every synchronous step.
         batch_range: ``(min, max)`` global batches the policy may move the batch in (a
             workload scenario's batch policies), or None: the global batch is fixed.
+        pass_caps: Per-rank pass caps (memory: soft, a larger size accumulates), or None.
     """
 
     global_batch: int
@@ -84,6 +85,7 @@ class PolicyInfo:
     shape_cache: int = 8
     comm: float = 0.0
     batch_range: tuple[int, int] | None = None
+    pass_caps: tuple[int | None, ...] | None = None
 
 
 class Policy(Protocol):

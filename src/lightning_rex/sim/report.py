@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-__all__ = ["aggregate", "mean_interval", "paired_ratio"]
+__all__ = ["aggregate", "mean_interval", "memory_summary", "paired_ratio"]
 
 
 def paired_ratio(
@@ -96,3 +96,27 @@ def aggregate(rs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         "decision_ms_p50": float(np.median([r["decision_ms_p50"] for r in rs])),
         "decision_ms_p99": float(np.max([r["decision_ms_p99"] for r in rs])),
     }
+
+
+def memory_summary(
+    per: dict[str, list[dict[str, Any]]], pass_caps: list[int | None] | None
+) -> dict[str, Any] | None:
+    """Rex's throughput over every other policy's, paired by seed, on a scenario with memory.
+
+    Args:
+        per: Each policy's per-seed results (``rex`` among them).
+        pass_caps: The scenario's pass caps, or None.
+
+    Returns:
+        ``{"pass_caps", "rex_over": {policy: [ratio, low, high]}}`` (the interval None for
+        one seed), or None without pass caps or without rex.
+    """
+    if pass_caps is None or "rex" not in per:
+        return None
+    rex = [r["throughput"] for r in per["rex"]]
+    over = {
+        n: list(paired_ratio(rex, [r["throughput"] for r in rs]))
+        for n, rs in per.items()
+        if n != "rex"
+    }
+    return {"pass_caps": list(pass_caps), "rex_over": over}

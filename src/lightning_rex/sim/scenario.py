@@ -21,8 +21,15 @@ Rank ``r``'s noise-free compute time for micro-batch ``b`` is one of (see
 
 times, with ``"wall": {"start": 0.8, "factor": 2.0}`` (needs ``mem_cap``), a memory wall
 that multiplies the time by ``1 + (factor - 1) * ((b / mem_cap - start) / (1 - start))**2``
-above ``start * mem_cap``. ``b`` may not exceed ``mem_cap``. ``"device": "name"`` labels the
-ranks that share hardware. ``comm`` seconds are added to every synchronous step.
+above ``start * mem_cap``. ``b`` may not exceed ``mem_cap`` (a hard bound). ``"device": "name"``
+labels the ranks that share hardware. ``comm`` seconds are added to every synchronous step.
+
+Memory as a soft bound: ``"memory_bytes"`` on a rank (its device's memory) with a top-level
+``"memory": {"fixed_bytes": F, "per_sample_bytes": P}`` gives the rank a pass cap
+``c = floor((memory_bytes - F) / P)`` (see :mod:`lightning_rex.sim.memory`): a micro-batch
+``b > c`` runs as ``ceil(b / c)`` accumulation passes, as even as possible, and the rank's
+time is the sum of its passes' times, each from its curve at the pass size
+(:mod:`lightning_rex.core.passes`).
 
 ``noise`` multiplies each rank's time by a mean-one lognormal factor of coefficient of
 variation ``cv`` whose log follows an AR(1) process per rank (``ar1``), or, with
@@ -65,8 +72,11 @@ from functools import cached_property
 
 import numpy as np
 
+from lightning_rex.core.passes import cap_array, pass_split, pass_total
 from lightning_rex.sim.curves import TableCurve, affine_times, memory_wall_factor
 from lightning_rex.sim.errors import ScenarioError
+from lightning_rex.sim.memory import MemorySpec
+from lightning_rex.sim.memory import pass_caps as memory_pass_caps
 from lightning_rex.sim.noise import NoiseComponent, NoiseProcess, Spikes
 from lightning_rex.sim.workload import Workload
 
@@ -123,6 +133,8 @@ class RankSpec:
         curve: Measured ``(b, seconds)`` points replacing the affine form, or None.
         wall: The memory wall's ``(start, factor)``, or None.
         device: The hardware label (ranks with the same label share a device type), or None.
+        memory_bytes: The device's memory in bytes (its pass cap follows from the scenario's
+            ``memory``), or None.
     """
 
     rate: float = 1.0
@@ -134,6 +146,7 @@ class RankSpec:
     curve: tuple[tuple[float, float], ...] | None = None
     wall: tuple[float, float] | None = None
     device: str | None = None
+    memory_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +201,10 @@ class EventSpec:
 class _Curves:
     """Every rank's noise-free curve, vectorised: affine ranks at once, tables by group."""
 
-    def __init__(self, ranks: tuple[RankSpec, ...]) -> None:
+    def __init__(
+        self, ranks: tuple[RankSpec, ...], pass_caps: list[int | None] | None = None
+    ) -> None:
+        self.caps = cap_array(pass_caps, len(ranks))
         self.rate = np.array([r.rate for r in ranks])
         self.over = np.array([r.overhead_s for r in ranks])
         self.knee = np.array([r.knee for r in ranks])
@@ -211,47 +227,42 @@ class _Curves:
     def table(self, sizes: np.ndarray) -> np.ndarray:
         """Every rank's time at every size in ``sizes``, shape ``(N, len(sizes))``."""
         sizes = np.asarray(sizes)
-        b = np.broadcast_to(sizes[None, :], (self.rate.size, sizes.size))
-        tile = None if self.tile is None else self.tile.reshape(-1, 1)
-        wave = None if self.wave is None else self.wave.reshape(-1, 1)
+        return self.steps(np.broadcast_to(sizes[None, :], (self.rate.size, sizes.size)))
+
+    def __call__(self, plan: np.ndarray) -> np.ndarray:
+        return self.steps(np.asarray(plan))
+
+    def steps(self, b: np.ndarray) -> np.ndarray:
+        """Step times at per-rank sizes ``(N,)`` or ``(N, G)``: the sum of each step's passes."""
+        if self.caps is None:
+            return self.single(b)
+        caps = self.caps.reshape((-1,) + (1,) * (b.ndim - 1))
+        k, q, m = pass_split(b, caps)
+        return pass_total(k, m, self.single(q), self.single(np.where(m > 0, q + 1, q)))
+
+    def single(self, b: np.ndarray) -> np.ndarray:
+        """One pass's times at per-rank sizes ``b``, shape ``(N,)`` or ``(N, G)``."""
+
+        def col(x: np.ndarray) -> np.ndarray:
+            return x.reshape((-1,) + (1,) * (b.ndim - 1))
+
         t = affine_times(
             b,
-            overhead_s=self.over.reshape(-1, 1),
-            rate=self.rate.reshape(-1, 1),
-            knee=self.knee.reshape(-1, 1),
-            tile=tile,
-            wave=wave,
-            wave_share=self.wave_share.reshape(-1, 1),
+            overhead_s=col(self.over),
+            rate=col(self.rate),
+            knee=col(self.knee),
+            tile=None if self.tile is None else col(self.tile),
+            wave=None if self.wave is None else col(self.wave),
+            wave_share=col(self.wave_share),
         )
         for curve, ix in self.tables:
-            t[ix] = curve(sizes)[None, :]
+            t[ix] = curve(b[ix])
         if self.walled.size:
             t[self.walled] *= memory_wall_factor(
                 b[self.walled],
-                mem_cap=self.wall_cap[:, None],
-                start=self.wall_start[:, None],
-                factor=self.wall_factor[:, None],
-            )
-        return t
-
-    def __call__(self, plan: np.ndarray) -> np.ndarray:
-        t = affine_times(
-            plan,
-            overhead_s=self.over,
-            rate=self.rate,
-            knee=self.knee,
-            tile=self.tile,
-            wave=self.wave,
-            wave_share=self.wave_share,
-        )
-        for curve, ix in self.tables:
-            t[ix] = curve(plan[ix])
-        if self.walled.size:
-            t[self.walled] *= memory_wall_factor(
-                plan[self.walled],
-                mem_cap=self.wall_cap,
-                start=self.wall_start,
-                factor=self.wall_factor,
+                mem_cap=col(self.wall_cap),
+                start=col(self.wall_start),
+                factor=col(self.wall_factor),
             )
         return t
 
@@ -273,6 +284,7 @@ class Scenario:
     shape_cache: int = 8
     epoch_steps: int = 300
     workload: Workload | None = None
+    memory: MemorySpec | None = None
 
     @property
     def world_size(self) -> int:
@@ -281,8 +293,13 @@ class Scenario:
 
     @property
     def max_sizes(self) -> list[int | None]:
-        """Per-rank memory caps."""
+        """Per-rank hard caps (``mem_cap``)."""
         return [r.mem_cap for r in self.ranks]
+
+    @cached_property
+    def pass_caps(self) -> list[int | None] | None:
+        """Per-rank pass caps from the memory fields (soft), or None when none is given."""
+        return memory_pass_caps([r.memory_bytes for r in self.ranks], self.memory)
 
     def compute_times(self, plan: np.ndarray, step: int) -> np.ndarray:
         """Noise-free compute times of every rank at ``step`` under ``plan``, seconds.
@@ -321,7 +338,7 @@ class Scenario:
 
     @cached_property
     def _curves(self) -> _Curves:
-        return _Curves(self.ranks)
+        return _Curves(self.ranks, self.pass_caps)
 
     @property
     def devices(self) -> tuple[str | None, ...]:

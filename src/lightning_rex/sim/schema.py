@@ -18,6 +18,7 @@ from typing import Any
 from lightning_rex.sim.curves import TableCurve
 from lightning_rex.sim.fields import check_keys as _check_keys
 from lightning_rex.sim.fields import number as _num
+from lightning_rex.sim.memory import MAX_BYTES, memory_from_dict, pass_caps
 from lightning_rex.sim.noise import NoiseComponent, Spikes
 from lightning_rex.sim.scenario import (
     LIMITS,
@@ -59,6 +60,8 @@ def _rank_dict(r: RankSpec) -> dict[str, Any]:
         d["wall"] = {"start": r.wall[0], "factor": r.wall[1]}
     if r.device is not None:
         d["device"] = r.device
+    if r.memory_bytes is not None:
+        d["memory_bytes"] = r.memory_bytes
     return d
 
 
@@ -100,6 +103,8 @@ def to_dict(s: Scenario) -> dict[str, Any]:
             "trace": [list(r) for r in w.trace],
             "batch_range": list(w.batch_range),
         }
+    if s.memory is not None:
+        d["memory"] = s.memory.to_dict()
     return d
 
 
@@ -117,8 +122,10 @@ _TOP = {
     "shape_cache",
     "epoch_steps",
     "workload",
+    "memory",
 }
 _RANK = {"rate", "overhead_s", "knee", "mem_cap", "tile", "wave", "curve", "wall", "device"}
+_RANK |= {"memory_bytes"}
 _AFFINE = {"rate", "overhead_s", "knee", "tile", "wave"}
 _WALL = {"start", "factor"}
 _WAVE = {"size", "share"}
@@ -141,6 +148,9 @@ def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
     device = r.get("device")
     if device is not None and (not isinstance(device, str) or not device):
         raise ScenarioError(f"{where}device must be a non-empty string, got {device!r}")
+    mem = None
+    if "memory_bytes" in r:
+        mem = _num(r, "memory_bytes", where, lo=0.0, lo_open=True, hi=MAX_BYTES)
     if "curve" in r:
         both = sorted(_AFFINE & set(r))
         if both:
@@ -154,7 +164,7 @@ def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
             raise ScenarioError(f"{where}curve: {e}") from e
         if max(t for _, t in table.points) > LIMITS["overhead_s"]:
             raise ScenarioError(f"{where}curve: times must be <= {LIMITS['overhead_s']:g} s")
-        return RankSpec(mem_cap=cap, curve=table.points, wall=wall, device=device)
+        return RankSpec(mem_cap=cap, curve=table.points, wall=wall, device=device, memory_bytes=mem)
     tile = None
     if "tile" in r:
         tile = _num(r, "tile", where, lo=1, hi=MAX_GLOBAL_BATCH, integer=True)
@@ -174,6 +184,7 @@ def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
         wave=wave,
         wall=wall,
         device=device,
+        memory_bytes=mem,
     )
 
 
@@ -310,6 +321,8 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
         workload = workload_from_dict(
             d["workload"], gb, n, min_size, [r.mem_cap for r in ranks], MAX_PER_RANK
         )
+    memory = memory_from_dict(d["memory"]) if "memory" in d else None
+    pass_caps([r.memory_bytes for r in ranks], memory)  # each rank holds one sample
     nm = d.get("name", name or "custom")
     return Scenario(
         gb,
@@ -325,6 +338,7 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
         shape_cache,
         epoch_steps,
         workload,
+        memory,
     )
 
 

@@ -14,7 +14,11 @@ once. A window under a plan the controller did not expect (a user's own ``set_pl
 The parameters come from a :class:`~lightning_rex.core.settings.DecisionSettings`, the working
 state lives in one :class:`~lightning_rex.core.decide.controller_state.ControllerState`, and the
 sequential looks in :class:`~lightning_rex.core.decide.looks.Looks`. Bounds can change at run time
-(:meth:`Controller.set_bounds`); :meth:`Controller.try_plan` validates a plan chosen outside.
+(:meth:`Controller.set_bounds`), and so can each rank's pass cap
+(:meth:`Controller.set_pass_caps`): the largest micro-batch it runs in one pass, beyond which
+a size runs as accumulation passes that the model prices
+(:mod:`~lightning_rex.core.model.accumulation`); a pass cap never forbids a size.
+:meth:`Controller.try_plan` validates a plan chosen outside.
 Everything is deterministic for a seed, and the state round-trips as JSON-able data.
 """
 
@@ -69,7 +73,7 @@ class Controller:
         settings: The decision parameters (:class:`~lightning_rex.core.settings.
             DecisionSettings`); its defaults when None.
         min_size: The smallest micro-batch any rank may get.
-        max_sizes: Per-rank caps (memory), None entries for no cap.
+        max_sizes: Per-rank hard caps on the micro-batch, None entries for no cap.
         initial_plan: The plan in force at the start; the even split when None.
         groups: Per-rank device labels (None entries for unlabelled ranks), or None. Ranks
             with the same label share one time curve until one of them changes speed (see
@@ -80,6 +84,11 @@ class Controller:
             window (``window_steps / looks`` steps each) and acts before the window is whole
             when the evidence is already clear (:mod:`~lightning_rex.core.decide.looks`).
         window_steps: Steps of a whole window; required when ``looks > 1``.
+        pass_caps: Per-rank pass caps (the largest micro-batch a rank runs in one pass: its
+            memory), None entries for none, or None: soft, a larger size runs as
+            ``ceil(b / cap)`` accumulation passes (:func:`~lightning_rex.core.passes.passes`)
+            and is priced so. The driver sets them from every window
+            (:meth:`set_pass_caps`).
         **overrides: Fields of ``settings`` to replace (``alpha=0.05``, ``persistence=3``...).
 
     Raises:
@@ -99,6 +108,7 @@ class Controller:
         max_global_batch: int | None = None,
         looks: int = 1,
         window_steps: int | None = None,
+        pass_caps: Sequence[int | None] | None = None,
         **overrides: Any,
     ) -> None:
         s = replace(settings or DecisionSettings(), **overrides)
@@ -118,6 +128,7 @@ class Controller:
             memory=s.memory,
             seed=s.seed,
             groups=groups,
+            pass_caps=pass_caps,
         )
         self._history = WindowHistory()
         self._floors = (1.0, 1.0)
@@ -162,14 +173,30 @@ class Controller:
         return None if self.bounds.rank_caps is None else list(self.bounds.rank_caps)
 
     def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
-        """Change the size bounds; the next proposal respects them.
+        """Change the size bounds (hard); the next proposal respects them.
 
         Args:
             min_size: The smallest micro-batch for every rank.
-            max_sizes: Per-rank caps (None entries for no cap), or None.
+            max_sizes: Per-rank hard caps (None entries for no cap), or None.
         """
         self._lo, self._hi = resolve_bounds(self.world_size, self.global_batch, min_size, max_sizes)
         self.bounds = SizeBounds(int(min_size)).with_caps(max_sizes)
+
+    @property
+    def pass_caps(self) -> list[int | None] | None:
+        """Per-rank pass caps (None entries for none), or None when no rank has one."""
+        return self.model.pass_cap_list
+
+    def set_pass_caps(self, pass_caps: Sequence[int | None] | None) -> None:
+        """Each rank's pass cap (soft): the next window ran under it, the next plan prices it.
+
+        Args:
+            pass_caps: Per-rank caps (samples per pass, None entries for none), or None.
+
+        Raises:
+            ValueError: For the wrong number of caps or a cap below 1.
+        """
+        self.model.set_pass_caps(pass_caps)
 
     def predict_step_time(self, global_batch: int) -> tuple[Plan, float]:
         """The model's best plan for another global batch, and its predicted step time.

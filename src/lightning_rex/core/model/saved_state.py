@@ -57,7 +57,15 @@ def check_model_state(d: Any, world_size: int, name: str = "model") -> dict[str,
         "n_added": whole(field(d, "n_added", name), f"{name}.n_added", len(sizes)),
         "cutoff": int_list(field(d, "cutoff", name), f"{name}.cutoff", world_size, 0),
         "group": int_list(d.get("group", list(range(world_size))), f"{name}.group", world_size, 0),
+        # pass caps (0: none), absent from checkpoints before accumulation was priced
+        "pass_caps": optional(d.get("pass_caps"), int_list, f"{name}.pass_caps", world_size, 0),
     }
+    caps = d.get("window_caps", [None] * len(sizes))
+    if not isinstance(caps, list) or len(caps) != len(sizes):
+        raise StateError(f"{name}.window_caps", f"must be a list of {len(sizes)} windows' caps")
+    out["window_caps"] = [
+        optional(r, int_list, f"{name}.window_caps[{i}]", world_size, 0) for i, r in enumerate(caps)
+    ]
     grp = out["group"]
     if any(g > r or grp[g] != g for r, g in enumerate(grp)):
         raise StateError(f"{name}.group", "must map each rank to its group's first member")
@@ -80,6 +88,8 @@ class SavedModelState:
     n_added: int
     cutoff: np.ndarray
     group: np.ndarray
+    pass_caps: np.ndarray | None
+    window_caps: list[list[int] | None]
     _post: Any
     _weights_fresh: bool
 
@@ -96,6 +106,8 @@ class SavedModelState:
             "n_added": self.n_added,
             "cutoff": [int(c) for c in self.cutoff],
             "group": [int(g) for g in self.group],
+            "pass_caps": None if self.pass_caps is None else [int(c) for c in self.pass_caps],
+            "window_caps": [None if r is None else list(r) for r in self.window_caps],
         }
 
     #: Check saved model state against the number of ranks, without loading it: see
@@ -123,4 +135,7 @@ class SavedModelState:
         self.n_added = c["n_added"]
         self.cutoff = np.asarray(c["cutoff"], dtype=np.int64)
         self.group = np.asarray(c["group"], dtype=np.int64)
+        caps = c["pass_caps"]
+        self.pass_caps = None if caps is None or not any(caps) else np.asarray(caps, dtype=np.int64)
+        self.window_caps = c["window_caps"]
         self._post, self._weights_fresh = None, False

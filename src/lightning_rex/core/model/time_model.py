@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_rex.core.model.mixture import TileMixture
+from lightning_rex.core.model.accumulation import PassAccumulation
 from lightning_rex.core.model.pooling import pooled_posterior
 from lightning_rex.core.model.saved_state import SavedModelState
 from lightning_rex.core.model.tiles import (
@@ -69,7 +69,7 @@ _REACH = 16.0
 """The spline domain spans sizes from ``b_ref / _REACH`` to ``b_ref * _REACH``."""
 
 
-class RankTimeModel(TileMixture, SavedModelState):
+class RankTimeModel(PassAccumulation, SavedModelState):
     """Batched per-rank time model over one set of ranks.
 
     Args:
@@ -90,6 +90,9 @@ class RankTimeModel(TileMixture, SavedModelState):
             (their windows are pooled into one posterior, in a common unit), so that at
             thousands of ranks the plan is not set by the worst of thousands of separate
             estimation errors. A rank whose speed changes (:meth:`forget`) leaves its group.
+        pass_caps: Per-rank pass caps (samples per pass, None entries for none), or None: a
+            larger size runs as accumulation passes, and the model learns one pass and
+            predicts whole steps (:mod:`~lightning_rex.core.model.accumulation`).
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class RankTimeModel(TileMixture, SavedModelState):
         fit_windows: int = 48,
         seed: int = 0,
         groups: Sequence[str | None] | None = None,
+        pass_caps: Sequence[int | None] | None = None,
     ) -> None:
         # BoTorch and GPyTorch load when a model is built, not inside its first decision
         from lightning_rex.core.model import posterior  # noqa: F401
@@ -140,6 +144,8 @@ class RankTimeModel(TileMixture, SavedModelState):
         self.sizes: list[list[int]] = []
         self.medians: list[list[float]] = []
         self.rel_var: list[float] = []
+        self.window_caps: list[list[int] | None] = []  # the pass caps each window ran under
+        self.set_pass_caps(pass_caps)
         self.n_added = 0
         self.cutoff = np.zeros(self.world_size, dtype=np.int64)
         self._weights = np.zeros((self.world_size, len(HYPOTHESES)))
@@ -173,23 +179,26 @@ class RankTimeModel(TileMixture, SavedModelState):
             rel_var: Variance of a window median relative to its value (shared by ranks).
         """
         med = np.asarray(medians, dtype=np.float64)
+        caps = self._caps_row()
         if self.scale is None:
             # a group's ranks share one unit (their median's), so their relative times are
-            # one curve; a lone rank's unit is its own first median
-            self.scale = med.copy()
-            self.first_u = np.asarray(plan, dtype=np.float64) / self.b_ref
+            # one curve; a lone rank's unit is its own first median (of one pass)
+            b, t = self._single_passes(np.asarray(plan, dtype=np.float64), med, [caps])
+            self.scale = t.copy()
+            self.first_u = b / self.b_ref
             for g in np.unique(self.group):
                 members = self.group == g
                 if members.sum() < _MIN_GROUP:
                     continue  # not pooled (see _posterior): each member keeps its own unit
-                self.scale[members] = np.median(med[members])
+                self.scale[members] = np.median(t[members])
                 self.first_u[members] = np.mean(self.first_u[members])
         self.sizes.append([int(b) for b in plan])
         self.medians.append([float(m) for m in med])
         self.rel_var.append(float(max(rel_var, 1e-8)))
+        self.window_caps.append(caps)
         self.n_added += 1
         if len(self.sizes) > self.max_history:
-            del self.sizes[0], self.medians[0], self.rel_var[0]
+            del self.sizes[0], self.medians[0], self.rel_var[0], self.window_caps[0]
         self._post, self._weights_fresh = None, False
 
     def forget(self, ranks: list[int], keep_last: int) -> None:
@@ -253,8 +262,12 @@ class RankTimeModel(TileMixture, SavedModelState):
         import torch
 
         assert self.scale is not None
-        b = torch.as_tensor(np.asarray(self.sizes, dtype=np.float64).T)  # (N, W)
-        y = torch.as_tensor(np.asarray(self.medians).T / self.scale[:, None])  # (N, W)
+        # an accumulating rank's window is one pass of its mean pass size
+        sizes, medians = self._single_passes(
+            np.asarray(self.sizes, dtype=np.float64).T, np.asarray(self.medians).T, self.window_caps
+        )
+        b = torch.as_tensor(sizes)  # (N, W)
+        y = torch.as_tensor(medians / self.scale[:, None])  # (N, W)
         w = len(self.sizes)
         age = torch.arange(w - 1, -1, -1, dtype=torch.float64)
         # the noise is relative to each median (a window at half the first size's time has
@@ -357,8 +370,13 @@ class RankTimeModel(TileMixture, SavedModelState):
         bad = mu[:, 1] <= 0
         if bool(bad.any()):
             mu, root = mu.clone(), root.clone()
-            last_b = torch.as_tensor(np.asarray(self.sizes[-1])[ix], dtype=torch.float64)[bad]
-            last_y = torch.as_tensor(np.asarray(self.medians[-1])[ix], dtype=torch.float64)[bad]
+            b, t = self._single_passes(
+                np.asarray(self.sizes[-1], dtype=np.float64),
+                np.asarray(self.medians[-1]),
+                self.window_caps[-1:],
+            )
+            last_b = torch.as_tensor(b[ix], dtype=torch.float64)[bad]
+            last_y = torch.as_tensor(t[ix], dtype=torch.float64)[bad]
             mu[bad] = 0.0
             mu[bad, 1] = last_y / scale[bad] * self.b_ref / last_b
             root[bad] = 0.0

@@ -4,7 +4,10 @@
 ``sum_r b_r(T) >= B``, where ``b_r(T)`` is the largest size in ``[lo_r, hi_r]`` whose
 running maximum of predicted time is ``<= T``: the ``k``-th smallest time among the sizes the
 bounds allow (``k = B - sum lo``), found exactly with one partial sort. The samples left over
-at that level go to the ranks in order of their time at their next size.
+at that level go to the ranks in order of their time at their next size. Nothing assumes a
+curve convex or smooth: on nondecreasing curves, such as the staircases of accumulation
+passes (:mod:`~lightning_rex.core.model.accumulation`), that level is the exact minimax; on
+others the running maximum is a bound the plan's true times never exceed.
 
 The plan is lexicographically minimax. When a rank's time at its *minimum* size already
 sets the level (a rank slower at ``lo`` than the others can ever be), the level is forced:

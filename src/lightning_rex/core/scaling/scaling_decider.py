@@ -304,6 +304,17 @@ class ScalingDecider:
             self.controller.set_bounds(min_size, max_sizes)
             self._forget()
 
+    def set_pass_caps(self, pass_caps: Sequence[int | None] | None) -> None:
+        """Each rank's pass cap measured at run time (the controller's).
+
+        Args:
+            pass_caps: Per-rank caps (samples per pass, None entries for none), or None.
+        """
+        with self._lock:
+            if pass_caps != self.controller.pass_caps:
+                self.controller.set_pass_caps(pass_caps)
+                self._forget()
+
     def _predict(self, batch: int) -> float:
         """The rank model's step time for ``batch``, or inf to rule it out.
 
