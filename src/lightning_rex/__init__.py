@@ -1,7 +1,8 @@
 """lightning-rex: adaptive uneven micro-batches for PyTorch Lightning on mixed clusters.
 
-``import lightning_rex`` registers the strategies ``"rex"``, ``"rex_spawn"`` and
-``"rex_fork"`` with Lightning's ``StrategyRegistry`` (idempotently), so that
+``import lightning_rex`` registers the strategies ``"rex"``, ``"rex_spawn"``, ``"rex_fork"``
+and ``"rex_fsdp"`` with Lightning's ``StrategyRegistry``, and ``"rex"`` and ``"rex_fsdp"``
+with Fabric's (idempotently), so that
 ``Trainer(strategy="rex")`` works: at once when Lightning is already imported, otherwise as
 soon as it is (:mod:`lightning_rex.lightning.registration`). The Lightning classes
 (:class:`RexStrategy`, :class:`RexCallback`, the loader, the sampler, the emulator) are
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from lightning_rex.data.loader import RexDataLoader
     from lightning_rex.data.sampler import UnevenBatchSampler
     from lightning_rex.lightning.callback import RexCallback
+    from lightning_rex.lightning.fabric import RexLoop
+    from lightning_rex.lightning.fsdp import RexFSDPStrategy
     from lightning_rex.lightning.strategy import RexStrategy
     from lightning_rex.tools.emulator import HeterogeneityEmulator
 
@@ -31,6 +34,8 @@ _LAZY = {
     "HeterogeneityEmulator": "lightning_rex.tools.emulator",
     "RexCallback": "lightning_rex.lightning.callback",
     "RexDataLoader": "lightning_rex.data.loader",
+    "RexFSDPStrategy": "lightning_rex.lightning.fsdp",
+    "RexLoop": "lightning_rex.lightning.fabric",
     "RexStrategy": "lightning_rex.lightning.strategy",
     "UnevenBatchSampler": "lightning_rex.data.sampler",
 }
@@ -42,6 +47,8 @@ __all__ = [
     "PlanSchedule",
     "RexCallback",
     "RexDataLoader",
+    "RexFSDPStrategy",
+    "RexLoop",
     "RexRankError",
     "RexStrategy",
     "SizeBounds",

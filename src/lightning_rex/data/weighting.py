@@ -26,7 +26,14 @@ from typing import Literal
 LossReduction = Literal["mean", "sum"]
 LOSS_REDUCTIONS: tuple[str, ...] = ("mean", "sum")
 
-__all__ = ["LOSS_REDUCTIONS", "LossReduction", "gradient_weight", "loss_scale", "mean_weight"]
+__all__ = [
+    "LOSS_REDUCTIONS",
+    "LossReduction",
+    "gradient_weight",
+    "loss_scale",
+    "mean_weight",
+    "pass_loss_scale",
+]
 
 
 def mean_weight(sizes: Sequence[int], rank: int) -> float:
@@ -75,3 +82,26 @@ def loss_scale(sizes: Sequence[int], rank: int, reduction: LossReduction) -> flo
         ``N * w_r``, so that DDP's average of the scaled gradients is ``sum_r w_r g_r``.
     """
     return len(sizes) * gradient_weight(sizes, rank, reduction)
+
+
+def pass_loss_scale(
+    sizes: Sequence[int], rank: int, pass_size: int, reduction: LossReduction
+) -> float:
+    """The factor for one accumulation pass of rank ``rank``'s micro-batch.
+
+    A rank that trains its ``b_r`` samples as passes scales each pass's loss by its own
+    share: ``N * s / B`` for a pass of ``s`` samples and a mean loss (``N`` for a sum), so
+    the passes' gradients add up to the rank's ``N * w_r * g_r`` exactly.
+
+    Args:
+        sizes: The per-rank micro-batch sizes of one global batch.
+        rank: The rank.
+        pass_size: The pass's size (the whole micro-batch: :func:`loss_scale`).
+        reduction: ``"mean"`` or ``"sum"``, what the loss is over its pass.
+
+    Returns:
+        The factor.
+    """
+    if reduction == "sum":
+        return float(len(sizes))
+    return loss_scale(sizes, rank, reduction) * pass_size / sizes[rank]

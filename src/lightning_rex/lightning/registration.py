@@ -33,11 +33,43 @@ _WRAPPED = "_lightning_rex_checks"
 
 
 def register_strategies() -> None:
-    """Register the names and wrap Lightning's name checks (idempotent; Lightning is loaded)."""
+    """Register the names and wrap Lightning's name checks (idempotent; Lightning is loaded).
+
+    Fabric's registry gets ``rex`` and ``rex_fsdp`` too (for a
+    :class:`~lightning_rex.lightning.fabric.RexLoop`).
+    """
+    from lightning.fabric.strategies import STRATEGY_REGISTRY
     from lightning.pytorch.strategies import StrategyRegistry
 
     register_names(StrategyRegistry)
+    if "rex_fsdp" not in StrategyRegistry:
+        StrategyRegistry.register(
+            "rex_fsdp",
+            _rex_fsdp_strategy,
+            description="REX uneven micro-batches over FSDP2 (fully_shard)",
+        )
+    for name, make in (("rex", _fabric_ddp), ("rex_fsdp", _fabric_fsdp)):
+        if name not in STRATEGY_REGISTRY:
+            STRATEGY_REGISTRY.register(name, make, description=f"lightning-rex {name} for Fabric")
     _wrap_name_checks()
+
+
+def _rex_fsdp_strategy(**kwargs: Any) -> Any:
+    from lightning_rex.lightning.fsdp import RexFSDPStrategy
+
+    return RexFSDPStrategy(**kwargs)
+
+
+def _fabric_ddp(**kwargs: Any) -> Any:
+    from lightning_rex.lightning.fabric import RexFabricDDP
+
+    return RexFabricDDP(**kwargs)
+
+
+def _fabric_fsdp(**kwargs: Any) -> Any:
+    from lightning_rex.lightning.fabric import RexFabricFSDP
+
+    return RexFabricFSDP(**kwargs)
 
 
 def _rex_strategy(**kwargs: Any) -> Any:

@@ -1,12 +1,23 @@
-"""DDP whose gradients and step-logged values are weighted by each rank's share of the batch.
+"""Strategies whose gradients and step-logged values are weighted by each rank's share.
 
 Rank ``r`` computes the mean-loss gradient of its ``b_r`` samples; DDP's averaging
 all-reduce gives each rank the weight ``1 / N``, which is wrong for uneven batches.
-:class:`WeightedDDP` multiplies each rank's loss by ``N x b_r / B`` (mean losses) or ``N``
-(sum losses) before ``backward`` (:func:`~lightning_rex.data.weighting.loss_scale`), so the
-all-reduce yields the global batch's gradient exactly, and weights ``self.log(...,
-sync_dist=True)`` step values the same way. A subclass says what the current batch's per-rank
-sizes are (:meth:`WeightedDDP.current_batch_sizes`); ``RexStrategy`` is that subclass.
+:class:`Weighted` (the mixin the DDP and FSDP strategies share) multiplies each rank's
+loss by ``N x b_r / B`` (mean losses) or ``N`` (sum losses) before ``backward``
+(:func:`~lightning_rex.data.weighting.loss_scale`), so the all-reduce yields the global
+batch's gradient exactly, and weights ``self.log(..., sync_dist=True)`` step values the
+same way. A subclass says what the current batch's per-rank sizes are
+(:meth:`Weighted.current_batch_sizes`); ``RexStrategy`` and ``RexFSDPStrategy`` are such
+subclasses. FSDP's reduce-scatter averages as DDP's all-reduce does, so the same factors
+are exact there.
+
+A rank whose micro-batch is larger than its pass cap (:meth:`Weighted.pass_cap`) trains it as
+accumulation passes inside one ``training_step`` (:mod:`~lightning_rex.lightning.passes`):
+every pass but the last runs forward and backward with gradient synchronisation paused
+(:meth:`Weighted.passes_unsynced`), each with its own factor; the last is returned to
+Lightning, which runs its backward, the synchronising one, as usual. Values logged in
+``training_step`` are logged once per pass: step values show the last pass, epoch values
+weight every pass by its size.
 
 Epoch values are weighted by the batch size Lightning is told: it infers each rank's own size
 from the batch, which is exact. ``self.log(..., batch_size=32)`` with the DataLoader's
@@ -17,6 +28,8 @@ one line saying so. Any other ``batch_size`` (a token count, say) is kept as giv
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,30 +38,39 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_rex.core.passes import passes as pass_sizes
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.data.weighting import LossReduction, loss_scale
+from lightning_rex.data.weighting import LossReduction, loss_scale, pass_loss_scale
+from lightning_rex.lightning.passes import loss_of, split_batch
 
 if TYPE_CHECKING:
     from lightning.pytorch.utilities.types import STEP_OUTPUT
 
-__all__ = ["WeightedDDP"]
+__all__ = ["Weighted", "WeightedDDP"]
 
 _MEAN_OPS = ("mean", "avg")
 
 
-class WeightedDDP(DDPStrategy):
-    """DDP with each rank's loss and logged step values weighted by its share of the batch.
+class Weighted:
+    """A strategy mixin: each rank's loss and logged step values weighted by its share.
+
+    It goes ahead of a Lightning strategy in the bases (``class S(Weighted, DDPStrategy)``)
+    and overrides its ``training_step``, ``backward`` and ``reduce``.
 
     Args:
-        *args: :class:`~lightning.pytorch.strategies.DDPStrategy`'s arguments.
+        *args: The Lightning strategy's arguments.
         **kwargs: Likewise.
     """
+
+    global_rank: int
+    lightning_module: Any
 
     loss_reduction: LossReduction = "mean"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._step_sizes: Plan | None = None
+        self._pass_size: int | None = None
         self._in_training_step = False
         self._told_batch_size = False
 
@@ -64,30 +86,88 @@ class WeightedDDP(DDPStrategy):
         """
         return ()
 
+    def pass_cap(self) -> int | None:
+        """The largest micro-batch this rank trains in one pass (None: no cap).
+
+        Returns:
+            The cap; the default has none.
+        """
+        return None
+
+    def passes_for(self, size: int) -> list[int]:
+        """The accumulation passes a micro-batch of ``size`` samples runs as on this rank.
+
+        Args:
+            size: The micro-batch.
+
+        Returns:
+            The passes' sizes (``[size]`` when it fits in one).
+        """
+        return pass_sizes(size, self.pass_cap())
+
+    @contextmanager
+    def passes_unsynced(self) -> Iterator[None]:
+        """Run the passes before the last with gradient synchronisation paused (no-op here).
+
+        A strategy whose gradient reduction runs in backward says how to pause it without
+        leaving its collectives out of step with the other ranks'.
+
+        Yields:
+            Nothing.
+        """
+        yield
+
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
         """Run the user's training_step, remembering this batch's per-rank sizes.
+
+        When the rank's micro-batch is above its pass cap, the batch (the first argument) is
+        cut into passes: all but the last run forward and backward here, unsynchronised, and
+        the last pass's output is returned.
 
         Args:
             *args: Forwarded to the LightningModule's ``training_step``.
             **kwargs: Forwarded likewise.
 
         Returns:
-            The LightningModule's output.
+            The LightningModule's output (of the last pass).
         """
         self._step_sizes = self.current_batch_sizes()
+        self._pass_size = None
         self._in_training_step = True
         module = self.lightning_module
         sizes = self._step_sizes
         patched = module is not None and sizes is not None and bool(self.even_batch_sizes())
         if patched:
             assert module is not None and sizes is not None
-            module.log = self._weighted_log(module.log, sizes[self.global_rank])  # type: ignore[method-assign]
+            module.log = self._weighted_log(module.log, sizes[self.global_rank])
         try:
-            return super().training_step(*args, **kwargs)
+            passes = self.passes_for(sizes[self.global_rank]) if sizes is not None else [0]
+            if len(passes) == 1 or not args:
+                return super().training_step(*args, **kwargs)  # type: ignore[misc]
+            return self._train_passes(passes, *args, **kwargs)
         finally:
             self._in_training_step = False
             if patched and module is not None:
                 del module.log  # back to the class's method
+
+    def _train_passes(self, passes: list[int], *args: Any, **kwargs: Any) -> STEP_OUTPUT:
+        module = self.lightning_module
+        if module is not None and not module.automatic_optimization:
+            raise RuntimeError(
+                "lightning-rex: this rank's micro-batch must run as accumulation passes (its "
+                "pass cap binds), which needs automatic optimization; under manual "
+                "optimization give the strategy max_pass_sizes=None and a max_micro_batch_size "
+                "that fits instead"
+            )
+        chunks = split_batch(args[0], passes)
+        with self.passes_unsynced():
+            for size, chunk in zip(passes[:-1], chunks[:-1], strict=True):
+                self._pass_size = size
+                loss = loss_of(super().training_step(chunk, *args[1:], **kwargs))  # type: ignore[misc]
+                if loss is not None:
+                    self.backward(loss, None)
+        self._pass_size = passes[-1]
+        return super().training_step(chunks[-1], *args[1:], **kwargs)  # type: ignore[misc]
 
     def _weighted_log(self, log: Any, mine: int) -> Any:
         """``module.log`` for one training step: the loader's batch size becomes the rank's."""
@@ -113,11 +193,15 @@ class WeightedDDP(DDPStrategy):
         """The factor this rank's loss is multiplied by for the current batch.
 
         Returns:
-            ``N * b_r / B`` for mean-reduced losses, ``N`` for sum-reduced ones, ``1.0``
-            outside training.
+            ``N * b_r / B`` for mean-reduced losses (``N * s / B`` for an accumulation pass of
+            ``s`` samples), ``N`` for sum-reduced ones, ``1.0`` outside training.
         """
         if self._step_sizes is None:
             return 1.0
+        if self._pass_size is not None:
+            return pass_loss_scale(
+                self._step_sizes, self.global_rank, self._pass_size, self.loss_reduction
+            )
         return loss_scale(self._step_sizes, self.global_rank, self.loss_reduction)
 
     def backward(
@@ -137,7 +221,7 @@ class WeightedDDP(DDPStrategy):
         scale = self.current_loss_scale()
         if scale != 1.0:
             closure_loss = closure_loss * scale
-        return super().backward(closure_loss, optimizer, *args, **kwargs)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)  # type: ignore[misc]
 
     def reduce(
         self,
@@ -170,4 +254,31 @@ class WeightedDDP(DDPStrategy):
         ):
             share = self._step_sizes[self.global_rank] / sum(self._step_sizes)
             tensor = tensor * (len(self._step_sizes) * share)
-        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)  # type: ignore[misc]
+
+
+class WeightedDDP(Weighted, DDPStrategy):
+    """DDP with each rank's loss and logged step values weighted by its share of the batch.
+
+    Accumulation passes pause DDP's all-reduce with ``no_sync``.
+
+    Args:
+        *args: :class:`~lightning.pytorch.strategies.DDPStrategy`'s arguments.
+        **kwargs: Likewise.
+    """
+
+    @contextmanager
+    def passes_unsynced(self) -> Iterator[None]:
+        """Pause DDP's gradient all-reduce (``no_sync``) for the passes before the last.
+
+        Yields:
+            Nothing.
+        """
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = self.model
+        if isinstance(model, DistributedDataParallel):
+            with model.no_sync():
+                yield
+        else:
+            yield
