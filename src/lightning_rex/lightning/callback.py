@@ -207,6 +207,24 @@ class RexCallback(Callback):
         """Plan changes in the schedule."""
         return 0 if self.session is None else self.session.target.plan_schedule.changes
 
+    def options(self) -> SessionOptions:
+        """What a session takes from this callback's configuration (a fit's, or a Fabric loop's).
+
+        Returns:
+            The options.
+        """
+        return SessionOptions(
+            self.settings,
+            self.loop,
+            self.max_growth,
+            self.log_dir,
+            self.hang_timeout,
+            self.hang_factor,
+            self._step_time_fn,
+            self.prior,
+            self.verbose,
+        )
+
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Start a fit from a clean state; give a scaling strategy its range of ``B``."""
@@ -219,18 +237,7 @@ class RexCallback(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Open the fit's session once the train loader (and so the plan schedule) exists."""
-        options = SessionOptions(
-            self.settings,
-            self.loop,
-            self.max_growth,
-            self.log_dir,
-            self.hang_timeout,
-            self.hang_factor,
-            self._step_time_fn,
-            self.prior,
-            self.verbose,
-        )
-        self.session = FitSession.open(options, trainer, pl_module)
+        self.session = FitSession.open(self.options(), trainer, pl_module)
         loaded, self._loaded = self._loaded, None
         if self.session is not None:
             self.session.start(pl_module, loaded)

@@ -196,7 +196,27 @@ class HeterogeneityEmulator(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Validate against the world size and hook the parameters' gradients."""
-        n = trainer.world_size
+        self.attach(pl_module, trainer.global_rank, trainer.world_size, pl_module.device)
+
+    def attach(
+        self, module: torch.nn.Module, rank: int, world_size: int, device: torch.device
+    ) -> None:
+        """Validate against the world size and hook the module's gradients (a custom loop).
+
+        A Trainer calls this at fit start; a Fabric loop (:class:`~lightning_rex.lightning.
+        fabric.RexLoop`) calls it, :meth:`step_start`, :meth:`after_backward` and
+        :meth:`remove`.
+
+        Args:
+            module: The model whose backward is stretched.
+            rank: This process's global rank.
+            world_size: The number of ranks.
+            device: The rank's device.
+
+        Raises:
+            ValueError: For slowdowns or events that do not match the world size.
+        """
+        n = world_size
         if self.slowdowns is not None and len(self.slowdowns) != n:
             raise ValueError(
                 f"slowdowns must have one entry per rank: the world size is {n}, got "
@@ -205,12 +225,14 @@ class HeterogeneityEmulator(Callback):
         bad = sorted({r for e in self.events for r in e.ranks if r >= n})
         if bad:
             raise ValueError(f"events name ranks {bad}, but the world size is {n}")
-        default = 1.0 if pl_module.device.type == "cuda" else CPU_HEADROOM
+        default = 1.0 if device.type == "cuda" else CPU_HEADROOM
         self.headroom_in_use = default if self.headroom is None else self.headroom
-        self._rank = trainer.global_rank
+        self._rank = rank
+        self._device = device
         self._over.clear()
         self._warned = False
-        for p in pl_module.parameters():
+        self._remove()
+        for p in module.parameters():
             if p.requires_grad:
                 self._handles.append(p.register_hook(self._grad_computed))
         self._expected = len(self._handles)
@@ -229,6 +251,10 @@ class HeterogeneityEmulator(Callback):
         """Remove the gradient hooks."""
         self._remove()
 
+    def remove(self) -> None:
+        """Remove the gradient hooks (a custom loop's end)."""
+        self._remove()
+
     def _remove(self) -> None:
         for h in self._handles:
             h.remove()
@@ -243,8 +269,8 @@ class HeterogeneityEmulator(Callback):
         # hook and DDP's reducer hook; on a CPU rank it runs on the thread that called backward,
         # whose CPU clock the work is read from
         self._grads += 1
-        if self._grads == self._expected:
-            self._sleep()
+        if self._expected and self._grads % self._expected == 0:
+            self._sleep()  # each accumulation pass's last gradient: the step so far
 
     def _sleep(self) -> None:
         """Sleep until the compute phase has lasted ``target x work`` (once a step)."""
@@ -291,16 +317,32 @@ class HeterogeneityEmulator(Callback):
     ) -> None:
         """Mark the start of the step's compute, and choose the clock that measures work."""
         self._device = pl_module.device
+        self.step_start(trainer.global_rank, trainer.global_step)
+
+    def step_start(self, rank: int, step: int) -> None:
+        """Mark the start of a step's compute (a custom loop calls it before the forward).
+
+        Args:
+            rank: This process's global rank.
+            step: The optimizer step about to run.
+        """
         self._sync()
         # decided per step: another callback may set the thread count at fit start
-        self._cpu_clock = pl_module.device.type == "cpu" and torch.get_num_threads() == 1
-        self._target = self.factor(trainer.global_rank, trainer.global_step) * self.headroom_in_use
+        device = self._device
+        self._cpu_clock = (
+            device is not None and device.type == "cpu" and torch.get_num_threads() == 1
+        )
+        self._target = self.factor(rank, step) * self.headroom_in_use
         self._grads, self._slept = 0, False
         self._t_start = time.perf_counter()
         self._work_start = self._work_clock()
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Sleep here if no gradient hook did (a parameter got no gradient this step)."""
+        self.after_backward()
+
+    def after_backward(self) -> None:
+        """After a step's backward: sleep if no gradient hook did (a custom loop calls it)."""
         if not self._slept:
             self._sleep()
         if self._grads:
