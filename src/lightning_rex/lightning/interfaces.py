@@ -46,3 +46,15 @@ class UnevenStrategy(Protocol):
     def current_batch_sizes(self) -> Plan | None:
         """The per-rank sizes of the batch being trained (None outside training)."""
         ...
+
+    def pass_cap(self) -> int | None:
+        """The largest micro-batch this rank trains in one pass now (None: no cap)."""
+        ...
+
+    def passes_for(self, size: int) -> list[int]:
+        """The accumulation passes ``size`` samples run as on this rank."""
+        ...
+
+    def set_memory_cap(self, cap: int | None) -> None:
+        """The pass cap this rank's memory allows, from the next step (measured on CUDA)."""
+        ...

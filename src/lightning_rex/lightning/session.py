@@ -106,7 +106,9 @@ class FitSession:
         device = trainer.strategy.root_device
         self.timer = ComputeTimer(device)
         self.telemetry = GpuTelemetry(device)
-        self.memory = MemoryBound(device, target.plan_schedule.bounds.max_size, cb.max_growth)
+        # the memory bound is a pass cap (soft: a larger micro-batch runs as accumulation
+        # passes); the user's max_micro_batch_size is the plans' hard bound, not this
+        self.memory = MemoryBound(device, None, cb.max_growth)
         # trainer.log_dir broadcasts from rank 0: every rank must ask for it
         self.dir = cb.log_dir or trainer.log_dir or trainer.default_root_dir
         self.log: DecisionLog | None = None
@@ -273,7 +275,7 @@ class FitSession:
         fn = self.cb.step_time_fn
         with self.driver.guard("closing the step's measurement"):
             sample = self.timer.take_step()
-            self.memory.step_end(max(micro, default=0))
+            self.memory.step_end(max((p for b in micro for p in self._passes(b)), default=0))
             if fn is not None:
                 sample = sum(fn(self.trainer.global_rank, self.step, b) for b in micro)
                 if math.isfinite(sample) and sample > 0:
@@ -340,9 +342,19 @@ class FitSession:
             out.append(float(x) if isinstance(x, (int, float)) else self.timer.resolve([x])[0])
         return np.asarray(out, dtype=np.float64)[None, :]
 
+    def _passes(self, size: int) -> list[int]:
+        return [size] if self.strategy is None else self.strategy.passes_for(size)
+
     def _caps(self) -> list[int | None]:
+        """The pass cap this window's steps were split by; the measured one applies next."""
+        strategy = self.strategy
         plan = self.target.plan_schedule.plan_at(self.step)
-        return [self.memory.cap(plan[self.trainer.global_rank])]
+        mine = plan[self.trainer.global_rank]
+        if strategy is None:
+            return [self.memory.cap(mine)]
+        used = strategy.pass_cap()
+        strategy.set_memory_cap(self.memory.cap(max(self._passes(mine))))
+        return [used]
 
     def _sample_telemetry(self) -> list[Any]:
         return [self.telemetry.sample()]
