@@ -15,7 +15,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from tests.helpers.env import user_env
 
 import lightning as L
-from lightning_rex import GlobalBatchScaling, RexCallback, RexStrategy
+from lightning_rex import GlobalBatchScaling, RexCallback, RexFSDPStrategy, RexStrategy
 from lightning_rex.lightning.registration import name_hint
 
 
@@ -48,7 +48,17 @@ def test_registration_is_idempotent_and_names_start_methods() -> None:
             lambda: RexStrategy(sharding_strategy="FULL_SHARD"),
             TypeError,
             r"unexpected keyword argument 'sharding_strategy'; it takes its own arguments, "
-            r"DDPStrategy's and DistributedDataParallel's .*sharding is FSDP's",
+            r"DDPStrategy's and DistributedDataParallel's .*strategy='rex_fsdp'",
+        ),
+        (
+            lambda: RexFSDPStrategy(tensor_parallel_size=2),
+            TypeError,
+            r"RexFSDPStrategy\(\) got an unexpected keyword argument 'tensor_parallel_size'",
+        ),
+        (
+            lambda: RexFSDPStrategy(max_pass_sizes=[0, 4]),
+            ValueError,
+            r"max_pass_sizes must be None, an integer >= 1, or one entry per rank",
         ),
         (
             lambda: RexCallback(windw=30),
@@ -77,7 +87,17 @@ def test_registration_is_idempotent_and_names_start_methods() -> None:
             r"Did you mean strategy='rex_spawn'\?",
         ),
     ],
-    ids=["strategy-kwarg", "fsdp-kwarg", "callback-kwarg", "scaling-kwarg", "rexx", "dash", "case"],
+    ids=[
+        "strategy-kwarg",
+        "fsdp-kwarg",
+        "rex-fsdp-kwarg",
+        "pass-caps",
+        "callback-kwarg",
+        "scaling-kwarg",
+        "rexx",
+        "dash",
+        "case",
+    ],
 )
 def test_typos_fail_at_construction_naming_the_closest_name(
     make: Any, error: type[Exception], match: str
@@ -150,3 +170,16 @@ def test_where_processes_cannot_fork_rex_fork_gets_the_error_ddp_fork_gets(
     assert isinstance(
         L.Trainer(strategy="rex_fork", accelerator="cpu", devices=2).strategy, RexStrategy
     )
+
+
+def test_rex_fsdp_and_the_fabric_names_are_registered() -> None:
+    from lightning.fabric.strategies import STRATEGY_REGISTRY
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from lightning_rex.lightning.fabric import RexFabricDDP, RexFabricFSDP
+
+    assert isinstance(StrategyRegistry.get("rex_fsdp"), RexFSDPStrategy)
+    assert isinstance(STRATEGY_REGISTRY.get("rex"), RexFabricDDP)
+    assert isinstance(STRATEGY_REGISTRY.get("rex_fsdp"), RexFabricFSDP)
+    fabric = L.Fabric(accelerator="cpu", devices=1, strategy="rex")
+    assert isinstance(fabric.strategy, RexFabricDDP)

@@ -52,7 +52,7 @@ from lightning_rex.driver.records import DecisionLog, decision_line
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.fsdp import shard_module, unsynced_fsdp_passes
-from lightning_rex.lightning.passes import split_batch
+from lightning_rex.lightning.passes import mark_batch_dynamic, split_batch
 from lightning_rex.lightning.plan_target import TrainSampler
 from lightning_rex.measure.telemetry import device_key
 from lightning_rex.measure.timing import ComputeTimer
@@ -144,6 +144,8 @@ class RexLoop:
             entry per rank, or None); more runs as accumulation passes.
         loss_reduction: ``"mean"`` (the default) or ``"sum"``: what the loss is over a pass.
         adaptive: Change the plan at run time (the default), or only monitor.
+        dynamic_batch: Mark each pass's batch dimension dynamic for ``torch.compile`` (the
+            default), so a plan change does not recompile per size.
         emulator: A :class:`~lightning_rex.HeterogeneityEmulator` to drive (tests, demos).
         **callback_args: :class:`~lightning_rex.RexCallback`'s arguments (``window``,
             ``settings``, ``verbose``, ``log_dir``, ...), the same configuration.
@@ -160,6 +162,7 @@ class RexLoop:
         max_pass_sizes: int | Sequence[int | None] | None = None,
         loss_reduction: LossReduction = "mean",
         adaptive: bool = True,
+        dynamic_batch: bool = True,
         emulator: Any = None,
         **callback_args: Any,
     ) -> None:
@@ -172,6 +175,7 @@ class RexLoop:
         self.pass_cap = caps if caps is None or isinstance(caps, int) else caps[self.rank]
         self.loss_reduction: LossReduction = loss_reduction
         self.adaptive = bool(adaptive)
+        self.dynamic_batch = bool(dynamic_batch)
         self.emulator = emulator
         self.steps = 0
         self.loader: RexDataLoader | None = None
@@ -278,6 +282,9 @@ class RexLoop:
         mine = sizes[self.rank]
         parts = pass_sizes(mine, self.pass_cap)
         chunks = [batch] if len(parts) == 1 else split_batch(batch, parts)
+        if self.dynamic_batch:
+            for size, chunk in zip(parts, chunks, strict=True):
+                mark_batch_dynamic(chunk, size)
         if self.emulator is not None:
             self.emulator.step_start(self.rank, self.steps)
         self.timer.start()

@@ -189,6 +189,7 @@ class RexFSDPStrategy(UnevenPlans, ModelParallelStrategy):
             the module's docstring).
         loss_reduction: Likewise.
         adaptive: Likewise.
+        dynamic_batch: Likewise.
         sharded_modules: The layer classes that become FSDP units when the strategy shards
             (None: every element of an ``nn.ModuleList``); see :func:`shard_module`.
         activation_checkpointing: Layer classes to recompute in backward, when the strategy
@@ -218,6 +219,7 @@ class RexFSDPStrategy(UnevenPlans, ModelParallelStrategy):
         max_pass_sizes: int | Sequence[int | None] | None = None,
         loss_reduction: LossReduction = "mean",
         adaptive: bool = True,
+        dynamic_batch: bool = True,
         sharded_modules: ModuleTypes = None,
         activation_checkpointing: ModuleTypes = None,
         mp_policy: Any = None,
@@ -249,6 +251,7 @@ class RexFSDPStrategy(UnevenPlans, ModelParallelStrategy):
             max_pass_sizes=max_pass_sizes,
             loss_reduction=loss_reduction,
             adaptive=adaptive,
+            dynamic_batch=dynamic_batch,
         )
         self.sharded_modules = _types(sharded_modules)
         self.activation_checkpointing = _types(activation_checkpointing)

@@ -21,7 +21,7 @@ from typing import Any
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 
-__all__ = ["loss_of", "split_batch"]
+__all__ = ["loss_of", "mark_batch_dynamic", "split_batch"]
 
 
 def split_batch(batch: Any, sizes: Sequence[int]) -> list[Any]:
@@ -65,6 +65,34 @@ def split_batch(batch: Any, sizes: Sequence[int]) -> list[Any]:
         out.append(apply_to_collection(batch, Tensor, cut))
         start = stop
     return out
+
+
+def mark_batch_dynamic(batch: Any, size: int) -> Any:
+    """Tell ``torch.compile`` that the batch dimension varies, so a new size does not recompile.
+
+    Every plan change gives a rank a new micro-batch size; a compiled model specialised on
+    the size compiles once per size (and falls back to eager at dynamo's recompile limit).
+    Each tensor whose first dimension is ``size`` is marked with
+    ``torch._dynamo.maybe_mark_dynamic``: compiled code is then traced for a symbolic batch
+    (dynamo may still specialise a size of 1). Tensors of a model that is not compiled are
+    unaffected.
+
+    Args:
+        batch: A batch (tensors, or collections of them).
+        size: Its number of samples.
+
+    Returns:
+        The batch, its tensors marked in place.
+    """
+    from torch._dynamo import maybe_mark_dynamic
+
+    def mark(t: Tensor) -> Tensor:
+        if t.dim() > 0 and t.shape[0] == size:
+            maybe_mark_dynamic(t, 0)
+        return t
+
+    apply_to_collection(batch, Tensor, mark)
+    return batch
 
 
 def loss_of(output: Any) -> Tensor | None:

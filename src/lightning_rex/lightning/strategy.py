@@ -79,6 +79,9 @@ class RexStrategy(UnevenPlans, WeightedDDP):
             default). If no ``RexCallback`` is among the Trainer's callbacks, one with default
             arguments is attached, ahead of the checkpoint callbacks. ``adaptive=False`` keeps
             the initial plan fixed (an explicit ``RexCallback`` then only monitors).
+        dynamic_batch: Mark each training batch's first dimension dynamic for
+            ``torch.compile`` (the default), so that a plan change, which gives a rank a new
+            micro-batch size, does not recompile a compiled model once per size.
         **kwargs: Passed through to :class:`~lightning.pytorch.strategies.DDPStrategy`
             (``process_group_backend``, ``timeout``, ``find_unused_parameters``,
             ``ddp_comm_hook``, ``start_method``, ...). ``model_averaging_period`` is rejected:
@@ -100,6 +103,7 @@ class RexStrategy(UnevenPlans, WeightedDDP):
         max_pass_sizes: int | Sequence[int | None] | None = None,
         loss_reduction: LossReduction = "mean",
         adaptive: bool = True,
+        dynamic_batch: bool = True,
         **kwargs: Any,
     ) -> None:
         check_keywords(
@@ -107,7 +111,7 @@ class RexStrategy(UnevenPlans, WeightedDDP):
             kwargs,
             _valid_keywords(),
             "its own arguments, DDPStrategy's and DistributedDataParallel's (see its docstring;"
-            " sharding is FSDP's, not DDP's)",
+            " to shard the model, use strategy='rex_fsdp', lightning_rex.RexFSDPStrategy)",
         )
         if kwargs.get("model_averaging_period") is not None:
             raise ValueError(
@@ -124,6 +128,7 @@ class RexStrategy(UnevenPlans, WeightedDDP):
             max_pass_sizes=max_pass_sizes,
             loss_reduction=loss_reduction,
             adaptive=adaptive,
+            dynamic_batch=dynamic_batch,
             **kwargs,
         )
 

@@ -58,7 +58,11 @@ UNEVEN_ARGS = """micro_batch_sizes: The initial plan as per-rank sizes, one per 
         adaptive: Let a :class:`~lightning_rex.RexCallback` change the plan at run time (the
             default). If no ``RexCallback`` is among the Trainer's callbacks, one with default
             arguments is attached, ahead of the checkpoint callbacks. ``adaptive=False`` keeps
-            the initial plan fixed (an explicit ``RexCallback`` then only monitors)."""
+            the initial plan fixed (an explicit ``RexCallback`` then only monitors).
+        dynamic_batch: Mark each training batch's first dimension dynamic for
+            ``torch.compile`` (the default), so that a plan change, which gives a rank a new
+            micro-batch size, does not recompile a compiled model once per size. False
+            leaves compilation as the model asks."""
 """The mixin's arguments, as its strategies' docstrings give them."""
 
 
@@ -74,6 +78,7 @@ class UnevenPlans(Weighted):
         max_pass_sizes: Likewise.
         loss_reduction: Likewise.
         adaptive: Likewise.
+        dynamic_batch: Likewise.
         **kwargs: The Lightning strategy's keyword arguments, passed through.
 
     Raises:
@@ -95,6 +100,7 @@ class UnevenPlans(Weighted):
         max_pass_sizes: int | Sequence[int | None] | None = None,
         loss_reduction: LossReduction = "mean",
         adaptive: bool = True,
+        dynamic_batch: bool = True,
         **kwargs: Any,
     ) -> None:
         if micro_batch_sizes is not None and batch_fractions is not None:
@@ -132,6 +138,7 @@ class UnevenPlans(Weighted):
         self.max_micro_batch_size = max_micro_batch_size
         self.loss_reduction: LossReduction = loss_reduction
         self.adaptive = bool(adaptive)
+        self.dynamic_batch = bool(dynamic_batch)
         self._loader: RexDataLoader | None = None
         self._loader_batch_size: int | None = None  # the user's DataLoader's batch_size
         self._memory_cap: int | None = None  # measured by the callback (CUDA)

@@ -41,7 +41,7 @@ from torch.optim import Optimizer
 from lightning_rex.core.passes import passes as pass_sizes
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.data.weighting import LossReduction, loss_scale, pass_loss_scale
-from lightning_rex.lightning.passes import loss_of, split_batch
+from lightning_rex.lightning.passes import loss_of, mark_batch_dynamic, split_batch
 
 if TYPE_CHECKING:
     from lightning.pytorch.utilities.types import STEP_OUTPUT
@@ -66,6 +66,9 @@ class Weighted:
     lightning_module: Any
 
     loss_reduction: LossReduction = "mean"
+    #: Mark each training batch's first dimension dynamic for ``torch.compile``
+    #: (:func:`~lightning_rex.lightning.passes.mark_batch_dynamic`)
+    dynamic_batch: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -143,6 +146,8 @@ class Weighted:
         try:
             passes = self.passes_for(sizes[self.global_rank]) if sizes is not None else [0]
             if len(passes) == 1 or not args:
+                if args and sizes is not None and self.dynamic_batch:
+                    mark_batch_dynamic(args[0], sizes[self.global_rank])
                 return super().training_step(*args, **kwargs)  # type: ignore[misc]
             return self._train_passes(passes, *args, **kwargs)
         finally:
@@ -160,6 +165,9 @@ class Weighted:
                 "that fits instead"
             )
         chunks = split_batch(args[0], passes)
+        if self.dynamic_batch:
+            for size, chunk in zip(passes, chunks, strict=True):
+                mark_batch_dynamic(chunk, size)
         with self.passes_unsynced():
             for size, chunk in zip(passes[:-1], chunks[:-1], strict=True):
                 self._pass_size = size
