@@ -181,3 +181,48 @@ def test_plan_change_rollback_and_resume_on_another_world_size_use_every_sample_
     missing = sorted(set(perm) - set(used))
     assert len(missing) < after and set(missing) <= set(perm[N - len(missing) :]), missing
     assert len({r["batches"] for r in out}) == 1
+
+
+class _GPTModule(RegModel):
+    """The Fabric example's GPT in a LightningModule (its blocks become FSDP units)."""
+
+    def __init__(self) -> None:
+        import importlib.util
+
+        super().__init__()
+        path = Path(__file__).parents[2] / "examples" / "fabric_gpt.py"
+        spec = importlib.util.spec_from_file_location("fabric_gpt", path)
+        assert spec is not None and spec.loader is not None
+        self.example = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.example)
+        self.net = self.example.GPT()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, idx = batch
+        self.seen.append((self.current_epoch, self.trainer.global_step, idx.tolist()))
+        return nn.functional.cross_entropy(self.net(x).flatten(0, 1), y.flatten())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+
+def _measured_fit(rank: int) -> dict[str, Any]:
+    from lightning_rex import HeterogeneityEmulator, RexCallback
+
+    torch.set_num_threads(1)
+    model = _GPTModule()
+    cb = RexCallback(window=10, verbose=False)
+    t = quiet_trainer(
+        strategy=RexFSDPStrategy(), max_steps=60, callbacks=[cb, HeterogeneityEmulator([1, 3])]
+    )
+    t.fit(model, DataLoader(model.example.Tokens(64 * 60), batch_size=32, shuffle=True))
+    return {"plan": t.strategy.plan, "first": cb.records[0]["median_ms"] if cb.records else None}
+
+
+def test_under_fsdp_each_rank_times_its_own_compute_and_the_plan_follows_the_slow_rank() -> None:
+    # FSDP synchronises at every layer: a rank's time to its last gradient holds its waits on
+    # the slowest rank, the same on both; the timer sums the leaf computations instead
+    run = run_distributed(_measured_fit)[0]
+    first = run["first"]
+    assert first is not None and first[1] > 1.5 * first[0], first  # rank 1 seen as slower
+    assert run["plan"][0] > run["plan"][1], run

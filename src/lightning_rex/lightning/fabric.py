@@ -240,9 +240,9 @@ class RexLoop:
             on_record=self._write,
             clock=time.perf_counter if o.step_time_fn is None else (lambda: self._injected_s),
         )
-        self.timer.attach(self.model.parameters())
-        if self.emulator is not None:
+        if self.emulator is not None:  # first: its backward hooks run before the timer's
             self.emulator.attach(self.model, self.rank, self.world_size, device)
+        self.timer.attach_to(self.model)
         self.driver.start(self.steps, [device_key(device, None)], None, o.prior)
 
     def _decider(self, plan: Plan, bounds: SizeBounds) -> Decider:

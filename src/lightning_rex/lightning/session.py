@@ -131,7 +131,7 @@ class FitSession:
             # the machine's load to every window's time outside compute
             clock=time.perf_counter if cb.step_time_fn is None else self._injected_clock,
         )
-        self.timer.attach(module.parameters())
+        self.timer.attach_to(module)
         self.scaling: TrainingScaling | None = None
         self.watchdog: HangWatchdog | None = None
 

@@ -14,11 +14,22 @@ have long completed, so timing adds no synchronisation to the step. On other dev
 host's ``perf_counter`` is exact because the work is synchronous.
 
 With gradient accumulation a step's sample is the sum over its micro-batches.
+
+A sharded model (FSDP2) synchronises at every layer: each unit all-gathers its parameters
+before its forward and its backward, so the time to the last gradient holds every wait on
+the slowest rank and is the same on every rank. For such a model (:meth:`ComputeTimer.attach_to`
+finds FSDP units in it) the timer instead sums the windows of the *leaf computations*: every
+module with parameters of its own, from its forward pre-hook to its forward hook and from the
+gradient of its output to the gradient of its input. The collectives and their waits run in
+the units' own hooks, outside those windows. What runs between leaves (activations, attention's
+functional part) is left out on every rank alike, so the ranks' ratios, which the plan
+depends on, are kept.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,6 +56,10 @@ class ComputeTimer:
         self._host_start = 0.0
         self._host_end = 0.0
         self._micro: list[tuple[Any, Any]] = []  # finished micro-batches of the current step
+        self._segments = False  # timing leaf computations (a sharded model)
+        self._seg_start: Any = None
+        self._depth = 0  # leaf windows open now
+        self._inputs: list[Any] = []  # the inputs of the leaves whose forward is running
 
     # ------------------------------------------------------------------ hooks
     def attach(self, parameters: Iterable[torch.nn.Parameter]) -> None:
@@ -59,8 +74,84 @@ class ComputeTimer:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
                 self._n_params += 1
 
+    def attach_to(self, module: torch.nn.Module) -> None:
+        """Hook a module: its leaf computations when it is sharded (FSDP2), else its gradients.
+
+        Args:
+            module: The model (the LightningModule, or a Fabric model).
+        """
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:  # pragma: no cover - torch without distributed
+            FSDPModule = ()  # type: ignore[assignment,misc]
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        sharded = any(isinstance(m, FSDPModule) for m in module.modules())
+        if sharded and any(isinstance(m, OptimizedModule) for m in module.modules()):
+            warnings.warn(
+                "lightning-rex: a sharded model with compiled parts: the compute timer does not "
+                "hook its layers (each hook would break the compiled graph), so each rank's time "
+                "runs to its step's end and holds its waits on the other ranks; plans adapt less "
+                "than they would uncompiled",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.attach(module.parameters())
+        elif sharded:
+            self.attach_leaves(module)
+        else:
+            self.attach(module.parameters())
+
+    def attach_leaves(self, module: torch.nn.Module) -> None:
+        """Time every module with parameters of its own, forward and backward, and sum them.
+
+        Forward: from a leaf's forward pre-hook to its forward hook. Backward: from the
+        gradient of its output (a tensor hook) to the gradient of its input, when its input
+        needs one. Overlapping windows count once (their union), so a rank's sample is the
+        time some leaf of it was computing. Only tensor hooks are used in backward (a full
+        backward hook would hand FSDP views of the units' outputs).
+
+        Args:
+            module: The model.
+        """
+        self.detach()
+        self._segments = True
+        for m in module.modules():
+            if any(p.requires_grad for p in m.parameters(recurse=False)):
+                self._handles += [
+                    m.register_forward_pre_hook(self._leaf_pre),
+                    m.register_forward_hook(self._leaf_post),
+                ]
+
+    def _leaf_pre(self, _: Any, args: tuple[Any, ...]) -> None:
+        self._open()
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        self._inputs.append(first if first is not None and first.requires_grad else None)
+
+    def _leaf_post(self, _: Any, args: tuple[Any, ...], out: Any) -> None:
+        self._close()
+        inp = self._inputs.pop() if self._inputs else None
+        if inp is not None and isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda g: self._open())
+            inp.register_hook(lambda g: self._close())
+
+    def _open(self) -> None:
+        if self._start is None:
+            return
+        if self._depth == 0:
+            self._seg_start = self._stamp()
+        self._depth += 1
+
+    def _close(self) -> None:
+        if self._start is None or self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth == 0:
+            self._micro.append((self._seg_start, self._stamp()))
+
     def detach(self) -> None:
         """Remove the hooks."""
+        self._segments = False
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -83,6 +174,8 @@ class ComputeTimer:
         """Mark the start of a micro-batch's compute (call in ``on_train_batch_start``)."""
         self._fired = 0
         self._end = None
+        self._depth = 0
+        self._inputs.clear()
         self._start = self._stamp()
 
     def stop(self) -> None:
@@ -92,9 +185,11 @@ class ComputeTimer:
         """
         if self._start is None:
             return
-        end = self._end if self._end is not None else self._stamp()
-        self._micro.append((self._start, end))
-        self._start = None
+        if not self._segments:
+            end = self._end if self._end is not None else self._stamp()
+            self._micro.append((self._start, end))
+        self._start = self._seg_start = None
+        self._depth = 0
 
     def take_step(self) -> Any:
         """Close the optimizer step and return its pending measurement.

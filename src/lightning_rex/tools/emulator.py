@@ -176,6 +176,7 @@ class HeterogeneityEmulator(Callback):
         self._slept = True
         self._device: torch.device | None = None
         self._handles: list[Any] = []
+        self._sharded = False
         self.total_delay_s = 0.0
 
     def factor(self, rank: int, step: int) -> float:
@@ -232,9 +233,22 @@ class HeterogeneityEmulator(Callback):
         self._over.clear()
         self._warned = False
         self._remove()
-        for p in module.parameters():
-            if p.requires_grad:
-                self._handles.append(p.register_hook(self._grad_computed))
+        from torch.distributed.fsdp import FSDPModule
+
+        if any(isinstance(m, FSDPModule) for m in module.modules()):
+            # sharded (FSDP2): the gradients land in the shards after the reduce-scatter, so
+            # the stretch goes into the leaf computations, where the rank's compute timer
+            # looks (ComputeTimer.attach_leaves): each leaf's forward end and each leaf's
+            # input gradient sleeps until the step so far has lasted its factor
+            self._sharded = True
+            for m in module.modules():
+                if any(p.requires_grad for p in m.parameters(recurse=False)):
+                    self._handles.append(m.register_forward_hook(self._leaf_done))
+        else:
+            self._sharded = False
+            for p in module.parameters():
+                if p.requires_grad:
+                    self._handles.append(p.register_hook(self._grad_computed))
         self._expected = len(self._handles)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -264,7 +278,14 @@ class HeterogeneityEmulator(Callback):
         """The clock that measures the rank's work: its thread's CPU time, or wall time."""
         return time.thread_time() if self._cpu_clock else time.perf_counter()
 
-    def _grad_computed(self, _: Tensor) -> None:
+    def _leaf_done(self, _: Any, args: tuple[Any, ...], out: Any) -> None:
+        """A leaf's forward ended (sharded model): stretch, and stretch its backward too."""
+        self._sleep()
+        first = next((a for a in args if isinstance(a, Tensor)), None)
+        if first is not None and first.requires_grad and isinstance(out, Tensor):
+            first.register_hook(lambda g: self._sleep())
+
+    def _grad_computed(self, _: Tensor | None) -> None:
         # a leaf's gradient hook runs before its AccumulateGrad, so before every post-accumulate
         # hook and DDP's reducer hook; on a CPU rank it runs on the thread that called backward,
         # whose CPU clock the work is read from
@@ -280,7 +301,7 @@ class HeterogeneityEmulator(Callback):
         self._sync()
         wall = time.perf_counter() - self._t_start
         work = self._work_clock() - self._work_start
-        if self._cpu_clock and work > 0:
+        if self._cpu_clock and work > 0 and not self._sharded:  # sharded: many a step
             self._check_load(wall / work)
         delay = max(0.0, self._target * work - wall) if self._target > 1.0 else 0.0
         if delay > 0:
