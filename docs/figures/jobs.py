@@ -11,6 +11,7 @@ on the same cores.
 from __future__ import annotations
 
 from common import Command, Job, _example, _rex
+from loop_jobs import FABRIC_CMDS, MEMORY_CMDS, render_fabric, render_memory
 from real_jobs import (
     BATCH_EXAMPLE,
     BENCH_CMDS,
@@ -51,6 +52,8 @@ JOBS = {
         Job("sim-peers", _peer_cmds(), render_sim_peers),
         Job("sim-targets", TARGET_CMDS, render_targets),
         Job("sim-4096", SIM4096_CMDS, render_4096),
+        Job("sim-memory", MEMORY_CMDS, render_memory),
+        Job("fabric", FABRIC_CMDS, render_fabric),
         Job("gns", _gns_cmds(), render_gns),
         Job(
             "emulation",
