@@ -41,34 +41,53 @@ def _full(module: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in ps])
 
 
-def _reference(steps: int, n: int = 640) -> torch.Tensor:
+def _reference(steps: int, n: int = 640, accumulate: int = 1) -> torch.Tensor:
     ds = make_dataset(n)
     x, y, _ = ds.tensors
     net = make_net()
     opt = make_optimizer(net.parameters(), "sgd")
-    for b in global_batches(n, 32, 2, 0, 0)[:steps]:
-        ((net(x[b]) - y[b]) ** 2).squeeze(-1).mean().backward()
-        opt.step()
-        opt.zero_grad()
+    for i, b in enumerate(global_batches(n, 32, 2, 0, 0)[: steps * accumulate]):
+        (((net(x[b]) - y[b]) ** 2).squeeze(-1).mean() / accumulate).backward()
+        if (i + 1) % accumulate == 0:
+            opt.step()
+            opt.zero_grad()
     return flat_params(net)
+
+
+class _UserSharded(RegModel):
+    """Sharded by its own configure_model, FSDP2's defaults (the root keeps its parameters)."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
 
 
 def _exact_fits(rank: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, caps in (("plain", None), ("rank0-passes", [10, None]), ("rank1-passes", [None, 3])):
-        model = RegModel()
+    runs = (
+        ("plain", None, RegModel, 1),
+        ("rank0-passes", [10, None], RegModel, 1),
+        ("rank1-passes", [None, 3], RegModel, 1),
+        # logging with sync_dist in every step, two batches a step, the user's own sharding
+        ("logged-accumulated", [10, None], lambda: RegModel(log_mean=True), 2),
+        ("user-sharded", [10, None], _UserSharded, 1),
+    )
+    for name, caps, make, accumulate in runs:
+        model = make()
         strategy = RexFSDPStrategy(micro_batch_sizes=[24, 8], adaptive=False, max_pass_sizes=caps)
-        t = quiet_trainer(strategy=strategy, max_steps=20)
-        t.fit(model, DataLoader(make_dataset(640), batch_size=16, shuffle=True))
+        t = quiet_trainer(strategy=strategy, max_steps=20, accumulate_grad_batches=accumulate)
+        t.fit(model, DataLoader(make_dataset(640 * accumulate), batch_size=16, shuffle=True))
         out[name] = {"params": _full(model), "sizes": [len(s[2]) for s in model.seen]}
     return out
 
 
 def test_rex_fsdp_is_exact_in_float64_with_and_without_accumulation_passes() -> None:
-    ref = _reference(20)
+    refs = {1: _reference(20), 2: _reference(20, 1280, accumulate=2)}
     runs = run_distributed(_exact_fits)
     for rank, run in enumerate(runs):
         for name, got in run.items():
+            ref = refs[2 if name == "logged-accumulated" else 1]
             diff = (got["params"] - ref).abs().max().item()
             assert diff <= 1e-10, (rank, name, diff)
     # the passes ran: 24 samples under a cap of 10 are 3 passes of 8; 8 under 3 are 3, 3, 2
@@ -226,3 +245,24 @@ def test_under_fsdp_each_rank_times_its_own_compute_and_the_plan_follows_the_slo
     first = run["first"]
     assert first is not None and first[1] > 1.5 * first[0], first  # rank 1 seen as slower
     assert run["plan"][0] > run["plan"][1], run
+
+
+def _ddp_passes(rank: int) -> dict[str, Any]:
+    from lightning_rex import RexStrategy
+
+    out = {}
+    for accumulate in (1, 2):
+        model = RegModel(log_mean=True)
+        strategy = RexStrategy(micro_batch_sizes=[24, 8], adaptive=False, max_pass_sizes=[10, 3])
+        t = quiet_trainer(strategy=strategy, max_steps=20, accumulate_grad_batches=accumulate)
+        t.fit(model, DataLoader(make_dataset(640 * accumulate), batch_size=16, shuffle=True))
+        out[accumulate] = flat_params(model)
+    return out
+
+
+def test_rex_ddp_accumulation_passes_are_exact_with_lightnings_accumulation_and_logging() -> None:
+    refs = {1: _reference(20), 2: _reference(20, 1280, accumulate=2)}
+    for rank, run in enumerate(run_distributed(_ddp_passes)):
+        for accumulate, params in run.items():
+            diff = (params - refs[accumulate]).abs().max().item()
+            assert diff <= 1e-10, (rank, accumulate, diff)

@@ -124,14 +124,33 @@ def _fsdp_units(module: nn.Module) -> list[Any]:
 
 
 def _reshards_after_forward(unit: Any) -> bool:
-    """Whether an FSDP2 unit frees its gathered parameters after forward (as it was built).
+    """Whether an FSDP2 unit frees its gathered parameters after forward (as it runs now).
 
     FSDP2 has a setter for this but no getter; the unit's parameter group holds it (its
     post-forward mesh is None when it keeps them). ``tests/lightning/test_fsdp.py`` checks
     that this still reads what ``fully_shard(reshard_after_forward=...)`` set.
     """
+    return _settings(unit)[2]
+
+
+def _settings(unit: Any) -> tuple[bool, bool, bool]:
+    """A unit's (gradient sync, reshard after backward, reshard after forward), as set now.
+
+    The three live in its parameter group (private to FSDP2, read here only); a unit without
+    parameters of its own reads as FSDP's defaults.
+    """
     group = unit._get_fsdp_state()._fsdp_param_group
-    return group is not None and group.post_forward_mesh_info is not None
+    if group is None:
+        return True, True, True
+    return (
+        bool(group.reduce_grads),
+        bool(group.reshard_after_backward),
+        group.post_forward_mesh_info is not None,
+    )
+
+
+def _contains(outer: nn.Module, m: nn.Module) -> bool:
+    return any(x is m for x in outer.modules() if x is not outer)
 
 
 @contextmanager
@@ -139,9 +158,11 @@ def unsynced_fsdp_passes(model: nn.Module) -> Iterator[None]:
     """Run accumulation passes before the last without a reduce-scatter, layers unsharded.
 
     On entry every FSDP2 unit stops syncing gradients and keeps its gathered parameters
-    after forward and backward; on exit each gets back its own setting, so the last pass's
+    after forward and backward; on exit each gets back its own settings, so the last pass's
     forward reuses the gathered parameters, reshards as built, and its backward gathers and
-    reduce-scatters as every other rank's does. Used by :class:`RexFSDPStrategy` and
+    reduce-scatters as every other rank's does. The roots are initialised first (FSDP does
+    it at their first forward, and decides then that a root keeps its parameters), so what
+    is restored is what every other rank runs with. Used by :class:`RexFSDPStrategy` and
     :class:`~lightning_rex.lightning.fabric.RexLoop`.
 
     Args:
@@ -151,7 +172,10 @@ def unsynced_fsdp_passes(model: nn.Module) -> Iterator[None]:
         Nothing.
     """
     units = _fsdp_units(model)
-    own = [_reshards_after_forward(u) for u in units]
+    for unit in units:
+        if not any(_contains(other, unit) for other in units if other is not unit):
+            unit._get_fsdp_state()._lazy_init()  # a root: idempotent, as its forward does
+    own = [_settings(u) for u in units]
     for u in units:
         u.set_requires_gradient_sync(False, recurse=False)
         u.set_reshard_after_backward(False, recurse=False)
@@ -159,10 +183,10 @@ def unsynced_fsdp_passes(model: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for u, keep in zip(units, own, strict=True):
-            u.set_requires_gradient_sync(True, recurse=False)
-            u.set_reshard_after_backward(True, recurse=False)
-            u.set_reshard_after_forward(keep, recurse=False)
+        for u, (sync, after_backward, after_forward) in zip(units, own, strict=True):
+            u.set_requires_gradient_sync(sync, recurse=False)
+            u.set_reshard_after_backward(after_backward, recurse=False)
+            u.set_reshard_after_forward(after_forward, recurse=False)
 
 
 class RexFSDPStrategy(UnevenPlans, ModelParallelStrategy):

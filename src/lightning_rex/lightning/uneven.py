@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_rex.core.checks import is_integer
+from lightning_rex.core.passes import passes as pass_sizes
 from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
@@ -167,6 +168,23 @@ class UnevenPlans(Weighted):
         """
         caps = [c for c in (self.declared_pass_cap(), self._memory_cap) if c is not None]
         return min(caps) if caps else None
+
+    def passes_for(self, size: int) -> list[int]:
+        """The accumulation passes of ``size`` samples on this rank, none below the minimum.
+
+        Args:
+            size: The micro-batch.
+
+        Returns:
+            The passes' sizes: as :func:`~lightning_rex.core.passes.passes` cuts them under
+            the pass cap, in fewer passes where one would fall below ``min_micro_batch_size``.
+        """
+        cap = self.pass_cap()
+        lowest = self.bounds.min_size
+        if cap is None or size <= cap:
+            return [size]
+        k = max(1, min(-(-size // cap), size // lowest))
+        return pass_sizes(size, -(-size // k))
 
     def set_memory_cap(self, cap: int | None) -> None:
         """The pass cap this rank's memory allows, measured between steps (by the callback).

@@ -15,9 +15,10 @@ A rank whose micro-batch is larger than its pass cap (:meth:`Weighted.pass_cap`)
 accumulation passes inside one ``training_step`` (:mod:`~lightning_rex.lightning.passes`):
 every pass but the last runs forward and backward with gradient synchronisation paused
 (:meth:`Weighted.passes_unsynced`), each with its own factor; the last is returned to
-Lightning, which runs its backward, the synchronising one, as usual. Values logged in
-``training_step`` are logged once per pass: step values show the last pass, epoch values
-weight every pass by its size.
+Lightning, which runs its backward, the synchronising one, as usual. Only the last pass
+logs: ``self.log`` is silent in the others, so every rank logs (and, with ``sync_dist``,
+reduces) once a step; its values are the last pass's, weighted in epoch means by the rank's
+whole micro-batch.
 
 Epoch values are weighted by the batch size Lightning is told: it infers each rank's own size
 from the batch, which is exact. ``self.log(..., batch_size=32)`` with the DataLoader's
@@ -51,6 +52,28 @@ __all__ = ["Weighted", "WeightedDDP"]
 _MEAN_OPS = ("mean", "avg")
 
 
+@contextmanager
+def _quiet(module: Any) -> Iterator[None]:
+    """No ``self.log`` in the passes before the last: one log a step on every rank.
+
+    An ``on_step`` value logged with ``sync_dist=True`` is reduced inside ``self.log``; a
+    rank that logged once a pass would issue more collectives than a rank without passes.
+    """
+    if module is None:
+        yield
+        return
+    saved = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
+    module.log = module.log_dict = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del module.__dict__[name]
+            else:
+                module.__dict__[name] = value
+
+
 class Weighted:
     """A strategy mixin: each rank's loss and logged step values weighted by its share.
 
@@ -74,6 +97,7 @@ class Weighted:
         super().__init__(*args, **kwargs)
         self._step_sizes: Plan | None = None
         self._pass_size: int | None = None
+        self._set_aside: list[tuple[Tensor, Tensor]] = []  # earlier passes' gradients
         self._in_training_step = False
         self._told_batch_size = False
 
@@ -168,12 +192,23 @@ class Weighted:
         if self.dynamic_batch:
             for size, chunk in zip(passes, chunks, strict=True):
                 mark_batch_dynamic(chunk, size)
-        with self.passes_unsynced():
+        # Lightning divides the returned loss by its accumulation; the earlier passes' too
+        accumulate = module.trainer.accumulate_grad_batches if module is not None else 1
+        # Lightning zeroes the gradients between training_step and backward: the earlier
+        # passes' gradients are set aside, and added back in the last pass's backward
+        params = [] if module is None else [p for p in module.parameters() if p.requires_grad]
+        before = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        with self.passes_unsynced(), _quiet(module):
             for size, chunk in zip(passes[:-1], chunks[:-1], strict=True):
                 self._pass_size = size
                 loss = loss_of(super().training_step(chunk, *args[1:], **kwargs))  # type: ignore[misc]
                 if loss is not None:
-                    self.backward(loss, None)
+                    self.backward(loss / accumulate if accumulate > 1 else loss, None)
+        self._set_aside = [(p, p.grad) for p in params if p.grad is not None]
+        for p, grad in zip(params, before, strict=True):
+            p.grad = grad
         self._pass_size = passes[-1]
         return super().training_step(chunks[-1], *args[1:], **kwargs)  # type: ignore[misc]
 
@@ -229,6 +264,9 @@ class Weighted:
         scale = self.current_loss_scale()
         if scale != 1.0:
             closure_loss = closure_loss * scale
+        aside, self._set_aside = self._set_aside, []
+        for p, grad in aside:  # the earlier passes' gradients, before the synchronising one
+            p.grad = grad if p.grad is None else p.grad.add_(grad)
         return super().backward(closure_loss, optimizer, *args, **kwargs)  # type: ignore[misc]
 
     def reduce(

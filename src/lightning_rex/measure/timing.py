@@ -166,7 +166,7 @@ class ComputeTimer:
 
     def _grad_ready(self, _: torch.Tensor) -> None:
         self._fired += 1
-        if self._fired == self._n_params:  # the last local gradient of this backward
+        if self._fired % self._n_params == 0:  # the last local gradient of this backward (pass)
             self._end = self._stamp()
 
     # ------------------------------------------------------------------ per micro-batch

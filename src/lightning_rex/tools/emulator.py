@@ -177,6 +177,7 @@ class HeterogeneityEmulator(Callback):
         self._device: torch.device | None = None
         self._handles: list[Any] = []
         self._sharded = False
+        self._slept_s = 0.0  # seconds slept in the step in progress
         self.total_delay_s = 0.0
 
     def factor(self, rank: int, step: int) -> float:
@@ -301,12 +302,15 @@ class HeterogeneityEmulator(Callback):
         self._sync()
         wall = time.perf_counter() - self._t_start
         work = self._work_clock() - self._work_start
+        if not self._cpu_clock:
+            work -= self._slept_s  # a wall clock: this step's own sleeps are not work
         if self._cpu_clock and work > 0 and not self._sharded:  # sharded: many a step
             self._check_load(wall / work)
         delay = max(0.0, self._target * work - wall) if self._target > 1.0 else 0.0
         if delay > 0:
             time.sleep(delay)
             self.total_delay_s += delay
+            self._slept_s += delay
 
     def _check_load(self, stretch: float) -> None:
         """Warn once when the rank's work keeps taking longer than its emulated compute.
@@ -354,7 +358,7 @@ class HeterogeneityEmulator(Callback):
             device is not None and device.type == "cpu" and torch.get_num_threads() == 1
         )
         self._target = self.factor(rank, step) * self.headroom_in_use
-        self._grads, self._slept = 0, False
+        self._grads, self._slept, self._slept_s = 0, False, 0.0
         self._t_start = time.perf_counter()
         self._work_start = self._work_clock()
 
@@ -366,8 +370,10 @@ class HeterogeneityEmulator(Callback):
         """After a step's backward: sleep if no gradient hook did (a custom loop calls it)."""
         if not self._slept:
             self._sleep()
-        if self._grads:
-            self._expected = self._grads  # the next backward likely leaves out the same
+        if 0 < self._grads < self._expected:
+            # the next backward likely leaves out the same parameters (a step of several
+            # accumulation passes counts more gradients, and keeps the count of one)
+            self._expected = self._grads
 
     def _sync(self) -> None:
         if self._device is not None and self._device.type == "cuda":
