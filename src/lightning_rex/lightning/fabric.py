@@ -61,12 +61,7 @@ __all__ = ["RexFabricDDP", "RexFabricFSDP", "RexLoop", "register_fabric_strategi
 
 
 class RexFabricDDP(FabricDDP):
-    """Fabric's DDP under the name ``"rex"``: the loop's :class:`RexLoop` does the rest.
-
-    Args:
-        *args: Fabric ``DDPStrategy``'s arguments.
-        **kwargs: Likewise.
-    """
+    """Fabric's DDP under the name ``"rex"``, with its arguments: :class:`RexLoop` does the rest."""
 
 
 class RexFabricFSDP(FabricModelParallel):
