@@ -115,3 +115,42 @@ def test_the_fabric_example_adapts_to_a_slow_rank_and_uses_every_sample_once() -
     assert runs[0]["changes"] >= 1
     kinds = [r["decision"] for r in runs[0]["records"]]
     assert plan[0] > plan[1], (plan, kinds)  # rank 1, 3x slower, trains less
+
+
+def _until(rank: int, state: Any, stop: int | None, n: int) -> dict[str, Any]:
+    """Train epoch 0 from ``state`` (None: the start) to step ``stop`` or the epoch's end."""
+    world = int(__import__("os").environ["WORLD_SIZE"])
+    fabric = L.Fabric(accelerator="cpu", devices=world, strategy="rex")
+    fabric.launch()
+    model = fabric.setup(_Wrapped())
+    optimizer = fabric.setup_optimizers(make_optimizer(model.parameters(), "sgd"))
+    plan = [24, 8] if world == 2 else None
+    rex = RexLoop(fabric, model, micro_batch_sizes=plan, window=5, verbose=False)
+    loader = rex.setup_dataloader(
+        DataLoader(make_dataset(n), batch_size=16, shuffle=True), state=state
+    )
+    seen: list[int] = []
+    for x, y, idx in loader:
+        for px, py in rex.passes((x, y)):
+            fabric.backward(rex.scale(((model(px) - py) ** 2).mean()))
+        optimizer.step()
+        optimizer.zero_grad()
+        rex.step()
+        seen += idx.tolist()
+        if stop is not None and rex.steps >= stop:
+            break
+    saved = rex.state_dict() if stop is not None else None
+    rex.finish()
+    return {"seen": seen, "state": saved, "steps": rex.steps}
+
+
+@pytest.mark.parametrize("after", [2, 1])
+def test_a_fabric_loop_resumed_from_its_state_uses_every_sample_once(after: int) -> None:
+    n = 32 * 20 + 21  # 20 whole global batches of 32 and a final partial one
+    first = run_distributed(_until, None, 7, n)
+    out = run_distributed(_until, first[0]["state"], None, n, world_size=after)
+    used = [i for r in first for i in r["seen"]] + [i for r in out for i in r["seen"]]
+    assert len(used) == len(set(used)), "a sample was trained twice"
+    missing = set(range(n)) - set(used)
+    assert len(missing) < after, sorted(missing)  # at most a final batch too small to split
+    assert {r["steps"] for r in out} == {out[0]["steps"]} and out[0]["steps"] > 7

@@ -181,17 +181,21 @@ class RexLoop:
         self._log: DecisionLog | None = None
         self._injected_s = 0.0
         self._in_epoch = 0  # batches of the current epoch already stepped
+        self._epoch = 0  # the epoch the next iteration over the loader trains
 
     # ------------------------------------------------------------------ data
-    def setup_dataloader(self, dataloader: DataLoader) -> Any:
+    def setup_dataloader(self, dataloader: DataLoader, state: dict[str, Any] | None = None) -> Any:
         """The uneven train loader for a map-style ``DataLoader`` with a per-rank ``batch_size``.
 
         Args:
             dataloader: The user's loader (``shuffle=True`` or not; no custom sampler).
+            state: What :meth:`state_dict` returned at a checkpoint, to resume from (every
+                rank the same): the loader continues with the first sample not yet trained,
+                on this run's world size too, and the window driver with its state.
 
         Returns:
-            The loader Fabric moves to the device; it splits ``batch_size x world_size``
-            by the plan, one epoch per iteration over it.
+            The loader, on the device: it splits ``batch_size x world_size`` by the plan,
+            one epoch per iteration over it.
         """
         shuffle = isinstance(dataloader.sampler, RandomSampler)
         from lightning.fabric.utilities.data import _update_dataloader
@@ -211,18 +215,36 @@ class RexLoop:
             step_source=lambda: self.steps,
             bounds=self.bounds,
         )
+        if state is not None:
+            self.loader.load_state_dict(state["loader"])
+            self.steps = int(state["steps"])
+            self._in_epoch = int(state["loader"]["rex_sampler"]["consumed"])
+            self._epoch = int(state["loader"]["rex_sampler"]["epoch"])
         target = TrainSampler(lambda: self.loader, lambda: None)
-        self._start(target)
-        return _Epochs(
-            self, self.fabric.setup_dataloaders(self.loader, use_distributed_sampler=False)
-        )
+        self._start(target, None if state is None else state["driver"])
+        return _Epochs(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loop's state for a checkpoint: every rank calls it (it gathers the window).
+
+        Returns:
+            The step count, the loader's position and plan schedule, the driver's state
+            (JSON-able; save it with ``fabric.save`` beside the model's).
+        """
+        if self.loader is None or self.driver is None:
+            raise RuntimeError("state_dict needs the train loader: call setup_dataloader first")
+        return {
+            "steps": self.steps,
+            "loader": self.loader.state_dict(),
+            "driver": self.driver.state_dict(),
+        }
 
     def _initial_plan(self, global_batch: int) -> Plan:
         if self.micro_batch_sizes is not None:
             return self.bounds.check(self.micro_batch_sizes, global_batch, "micro_batch_sizes")
         return self.bounds.check(even_plan(global_batch, self.world_size), global_batch)
 
-    def _start(self, target: TrainSampler) -> None:
+    def _start(self, target: TrainSampler, loaded: dict[str, Any] | None) -> None:
         o = self.options
         device = self.fabric.device
         self.driver = WindowDriver(
@@ -238,7 +260,7 @@ class RexLoop:
         if self.emulator is not None:  # first: its backward hooks run before the timer's
             self.emulator.attach(self.model, self.rank, self.world_size, device)
         self.timer.attach_to(self.model)
-        self.driver.start(self.steps, [device_key(device, None)], None, o.prior)
+        self.driver.start(self.steps, [device_key(device, None)], loaded, o.prior)
 
     def _decider(self, plan: Plan, bounds: SizeBounds) -> Decider:
         keys = list(self.driver.device_keys) if self.driver is not None else []
@@ -366,14 +388,26 @@ class RexLoop:
 
 
 class _Epochs:
-    """The Fabric loader, with the loop told where each epoch starts."""
+    """The loop's loader: each iteration one epoch, its batches moved to the device.
 
-    def __init__(self, loop: RexLoop, loader: Any) -> None:
-        self.loop, self.loader = loop, loader
+    The epoch is the loop's own (Fabric's loader would count iterations from 0, which a
+    resumed run must not).
+    """
+
+    def __init__(self, loop: RexLoop) -> None:
+        self.loop = loop
 
     def __len__(self) -> int:
-        return len(self.loader)
+        assert self.loop.loader is not None
+        return len(self.loop.loader)
 
     def __iter__(self) -> Iterator[Any]:
-        self.loop._in_epoch = 0
-        return iter(self.loader)
+        loop = self.loop
+        assert loop.loader is not None
+        loader = loop.loader
+        if loader.batch_sampler.epoch != loop._epoch:
+            loader.batch_sampler.set_epoch(loop._epoch)
+        for batch in loader:
+            yield loop.fabric.to_device(batch)
+        loop._epoch += 1
+        loop._in_epoch = 0
