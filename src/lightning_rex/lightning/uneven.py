@@ -20,7 +20,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_rex.core.checks import is_integer
-from lightning_rex.core.passes import passes as pass_sizes
 from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
@@ -28,6 +27,7 @@ from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction
 from lightning_rex.driver.scheduling import agree
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.collectives import driver_collectives
+from lightning_rex.lightning.pass_caps import PassCaps
 from lightning_rex.lightning.plan_target import TrainSampler
 from lightning_rex.lightning.progress import (
     loader_state_to_restore,
@@ -36,43 +36,15 @@ from lightning_rex.lightning.progress import (
 )
 from lightning_rex.lightning.weighted import Weighted
 
-__all__ = ["UNEVEN_ARGS", "UnevenPlans"]
-
-UNEVEN_ARGS = """micro_batch_sizes: The initial plan as per-rank sizes, one per rank (global rank
-            order), summing to ``batch_size x world_size``. Mutually exclusive with
-            ``batch_fractions``. Default (both None): the even plan.
-        batch_fractions: The initial plan as per-rank fractions of the global batch, summing
-            to 1 within 1e-6; rounded to sizes by largest remainder, ties to the lowest rank.
-        min_micro_batch_size: The smallest micro-batch any plan may give a rank. None (the
-            default): 1, or 2 when the module holds a BatchNorm layer (a 1-sample batch
-            raises in training mode); the choice is logged.
-        max_micro_batch_size: The largest micro-batch any plan may give a rank (None: no
-            bound beyond the global batch).
-        max_pass_sizes: The largest micro-batch each rank trains in one forward and
-            backward: one int for every rank, or one entry per rank (None entries for no
-            cap). A plan that gives a rank more runs there as accumulation passes, still one
-            optimizer step per global step, weighted exactly; the planner prices the extra
-            passes. None (the default): no declared cap; on CUDA the callback measures each
-            rank's memory per sample and caps its pass by the memory it has.
-        loss_reduction: What ``training_step``'s loss is over its micro-batch: ``"mean"`` (the
-            default) or ``"sum"``.
-        adaptive: Let a :class:`~lightning_rex.RexCallback` change the plan at run time (the
-            default). If no ``RexCallback`` is among the Trainer's callbacks, one with default
-            arguments is attached, ahead of the checkpoint callbacks. ``adaptive=False`` keeps
-            the initial plan fixed (an explicit ``RexCallback`` then only monitors).
-        dynamic_batch: Mark each training batch's first dimension dynamic for
-            ``torch.compile`` (the default), so that a plan change, which gives a rank a new
-            micro-batch size, does not recompile a compiled model once per size. False
-            leaves compilation as the model asks."""
-"""The mixin's arguments, as its strategies' docstrings give them."""
+__all__ = ["UnevenPlans"]
 
 
-class UnevenPlans(Weighted):
+class UnevenPlans(PassCaps, Weighted):
     """A strategy mixin: REX's uneven train loader, plan schedule and size bounds.
 
     Args:
         *args: The Lightning strategy's positional arguments, passed through.
-        micro_batch_sizes: See :data:`UNEVEN_ARGS` (as in :class:`~lightning_rex.RexStrategy`).
+        micro_batch_sizes: As in :class:`~lightning_rex.RexStrategy`.
         batch_fractions: Likewise.
         min_micro_batch_size: Likewise.
         max_micro_batch_size: Likewise.
@@ -131,8 +103,7 @@ class UnevenPlans(Weighted):
             round_fractions(
                 batch_fractions, 10 * len(batch_fractions) * bounds.min_size, bounds.min_size
             )
-        self.max_pass_sizes = _pass_caps_arg(max_pass_sizes)
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, max_pass_sizes=max_pass_sizes, **kwargs)
         self.micro_batch_sizes = None if micro_batch_sizes is None else tuple(micro_batch_sizes)
         self.batch_fractions = None if batch_fractions is None else tuple(batch_fractions)
         self.min_micro_batch_size = min_micro_batch_size
@@ -142,59 +113,9 @@ class UnevenPlans(Weighted):
         self.dynamic_batch = bool(dynamic_batch)
         self._loader: RexDataLoader | None = None
         self._loader_batch_size: int | None = None  # the user's DataLoader's batch_size
-        self._memory_cap: int | None = None  # measured by the callback (CUDA)
         #: ``(min, max)`` global batches the train sampler's plans may sum to; set by
         #: ``RexCallback(global_batch=GlobalBatchScaling(...))`` before the loader is built
         self.batch_range: tuple[int, int] | None = None
-
-    # ------------------------------------------------------------------ passes
-    def declared_pass_cap(self) -> int | None:
-        """This rank's pass cap from ``max_pass_sizes`` (None: not declared).
-
-        Returns:
-            The cap.
-        """
-        caps = self.max_pass_sizes
-        if caps is None or isinstance(caps, int):
-            return caps
-        return caps[self.global_rank]
-
-    def pass_cap(self) -> int | None:
-        """The largest micro-batch this rank trains in one pass now.
-
-        Returns:
-            The smaller of the declared cap and the memory cap the callback measured last
-            (None when neither binds).
-        """
-        caps = [c for c in (self.declared_pass_cap(), self._memory_cap) if c is not None]
-        return min(caps) if caps else None
-
-    def passes_for(self, size: int) -> list[int]:
-        """The accumulation passes of ``size`` samples on this rank, none below the minimum.
-
-        Args:
-            size: The micro-batch.
-
-        Returns:
-            The passes' sizes: as :func:`~lightning_rex.core.passes.passes` cuts them under
-            the pass cap, in fewer passes where one would fall below ``min_micro_batch_size``.
-        """
-        cap = self.pass_cap()
-        lowest = self.bounds.min_size
-        if cap is None or size <= cap:
-            return [size]
-        k = max(1, min(-(-size // cap), size // lowest))
-        return pass_sizes(size, -(-size // k))
-
-    def set_memory_cap(self, cap: int | None) -> None:
-        """The pass cap this rank's memory allows, measured between steps (by the callback).
-
-        It applies from the next step; the window that reports it prices it.
-
-        Args:
-            cap: The cap in samples (>= 1), or None for none.
-        """
-        self._memory_cap = None if cap is None else max(1, int(cap))
 
     # ------------------------------------------------------------------ configuration checks
     @property
@@ -490,24 +411,3 @@ class UnevenPlans(Weighted):
         """Tear DDP down; the train loader is kept so ``plan`` stays readable after fit."""
         self._step_sizes = None
         super().teardown()  # type: ignore[misc]
-
-
-def _pass_caps_arg(value: int | Sequence[int | None] | None) -> int | tuple[int | None, ...] | None:
-    """``max_pass_sizes`` checked: None, an int >= 1, or a list of those and None."""
-    if value is None:
-        return None
-    if is_integer(value):
-        entries: list[Any] = [value]
-    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0:
-        entries = list(value)
-    else:
-        entries = [value]
-    bad = [c for c in entries if c is not None and not (is_integer(c) and int(c) >= 1)]
-    if bad or (not is_integer(value) and not isinstance(value, Sequence)):
-        raise ValueError(
-            "max_pass_sizes must be None, an integer >= 1, or one entry per rank (integers "
-            f">= 1, or None for no cap), got {value!r}"
-        )
-    if is_integer(value):
-        return int(value)  # type: ignore[arg-type]
-    return tuple(None if c is None else int(c) for c in entries)
