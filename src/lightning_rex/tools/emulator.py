@@ -178,6 +178,10 @@ class HeterogeneityEmulator(Callback):
         self._handles: list[Any] = []
         self._sharded = False
         self._slept_s = 0.0  # seconds slept in the step in progress
+        # a sharded model: the leaf windows open now, and the step's wall and work in them
+        self._depth, self._leaf_wall, self._leaf_work = 0, 0.0, 0.0
+        self._win_wall = self._win_work = 0.0
+        self._leaf_inputs: list[Any] = []
         self.total_delay_s = 0.0
 
     def factor(self, rank: int, step: int) -> float:
@@ -244,6 +248,7 @@ class HeterogeneityEmulator(Callback):
             self._sharded = True
             for m in module.modules():
                 if any(p.requires_grad for p in m.parameters(recurse=False)):
+                    self._handles.append(m.register_forward_pre_hook(self._leaf_start))
                     self._handles.append(m.register_forward_hook(self._leaf_done))
         else:
             self._sharded = False
@@ -279,12 +284,44 @@ class HeterogeneityEmulator(Callback):
         """The clock that measures the rank's work: its thread's CPU time, or wall time."""
         return time.thread_time() if self._cpu_clock else time.perf_counter()
 
-    def _leaf_done(self, _: Any, args: tuple[Any, ...], out: Any) -> None:
-        """A leaf's forward ended (sharded model): stretch, and stretch its backward too."""
-        self._sleep()
+    def _leaf_start(self, _: Any, args: tuple[Any, ...]) -> None:
+        self._open()
         first = next((a for a in args if isinstance(a, Tensor)), None)
-        if first is not None and first.requires_grad and isinstance(out, Tensor):
-            first.register_hook(lambda g: self._sleep())
+        self._leaf_inputs.append(first if first is not None and first.requires_grad else None)
+
+    def _leaf_done(self, _: Any, args: tuple[Any, ...], out: Any) -> None:
+        """A leaf's forward ended (sharded model): stretch it; hook its backward likewise."""
+        self._close()
+        inp = self._leaf_inputs.pop() if self._leaf_inputs else None
+        if inp is not None and isinstance(out, Tensor) and out.requires_grad:
+            out.register_hook(lambda g: self._open())
+            inp.register_hook(lambda g: self._close())
+
+    def _open(self) -> None:
+        """A leaf computation starts (sharded model): the timer's windows, counted alike."""
+        if self._depth == 0:
+            self._win_wall, self._win_work = time.perf_counter(), self._work_clock()
+        self._depth += 1
+
+    def _close(self) -> None:
+        """A leaf computation ends: sleep until the step's leaf time is its factor x work.
+
+        The rank's compute timer sums the same windows (``ComputeTimer.attach_leaves``), and
+        this close runs before the timer's, so the sleep falls inside them and the timer sees
+        ``slowdown x headroom`` times the work it would see unstretched.
+        """
+        if self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth > 0:
+            return
+        self._leaf_wall += time.perf_counter() - self._win_wall
+        self._leaf_work += self._work_clock() - self._win_work
+        delay = self._target * self._leaf_work - self._leaf_wall if self._target > 1.0 else 0.0
+        if delay > 0:
+            time.sleep(delay)
+            self._leaf_wall += delay
+            self.total_delay_s += delay
 
     def _grad_computed(self, _: Tensor | None) -> None:
         # a leaf's gradient hook runs before its AccumulateGrad, so before every post-accumulate
@@ -359,6 +396,8 @@ class HeterogeneityEmulator(Callback):
         )
         self._target = self.factor(rank, step) * self.headroom_in_use
         self._grads, self._slept, self._slept_s = 0, False, 0.0
+        self._depth, self._leaf_wall, self._leaf_work = 0, 0.0, 0.0
+        self._leaf_inputs.clear()
         self._t_start = time.perf_counter()
         self._work_start = self._work_clock()
 
@@ -368,7 +407,7 @@ class HeterogeneityEmulator(Callback):
 
     def after_backward(self) -> None:
         """After a step's backward: sleep if no gradient hook did (a custom loop calls it)."""
-        if not self._slept:
+        if not self._slept and not self._sharded:  # sharded: the leaf windows stretched it
             self._sleep()
         if 0 < self._grads < self._expected:
             # the next backward likely leaves out the same parameters (a step of several
