@@ -19,10 +19,7 @@ checks on CPU, gloo instead of NCCL).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -132,55 +129,10 @@ def check_compile() -> tuple[bool, str]:
     return ok, f"step seconds at sizes 32, 40, 24, 32 and dynamo graphs: {out}"
 
 
-def run_one(name: str) -> int:
-    try:
-        ok, detail = globals()[f"check_{name}"]()
-    except Exception as exc:
-        import traceback
-
-        ok, detail = False, f"{exc!r}\n{traceback.format_exc()[-2000:]}"
-    print(json.dumps({"check": name, "ok": bool(ok), "detail": detail}), flush=True)
-    return 0 if ok else 1
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--check", choices=CHECKS, help="run one check in this process")
-    parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args()
-    if args.check:
-        return run_one(args.check)
-    import torch
+    from gpu_check import run_checks  # the runner both prepared scripts share
 
-    if ACCEL == "gpu" and not torch.cuda.is_available():
-        print("no CUDA device: nothing to check here (the CPU paths are covered by the test suite)")
-        return 0
-    results = []
-    for name in CHECKS:
-        t0 = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--check", name],
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        lines = [x for x in proc.stdout.splitlines() if x.startswith('{"check"')]
-        res = (
-            json.loads(lines[-1])
-            if lines
-            else {"check": name, "ok": False, "detail": (proc.stdout + proc.stderr)[-3000:]}
-        )
-        res["seconds"] = round(time.perf_counter() - t0, 1)
-        results.append(res)
-        print(f"{'PASS' if res['ok'] else 'FAIL'} {name} ({res['seconds']} s): {res['detail']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    failed = [r["check"] for r in results if not r["ok"]]
-    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return run_checks(__file__, CHECKS, __doc__ or "", 240, globals(), dry_run=True)
 
 
 if __name__ == "__main__":

@@ -261,9 +261,18 @@ def check_nccl1() -> tuple[bool, str]:
     )
 
 
-def run_one(name: str) -> int:
+def run_one(name: str, checks: dict[str, Any] | None = None) -> int:
+    """Run one check in this process and print its JSON line.
+
+    Args:
+        name: The check.
+        checks: Where ``check_<name>`` is found (this module's globals by default).
+
+    Returns:
+        The exit code: 0 when it passed.
+    """
     try:
-        ok, detail = globals()[f"check_{name}"]()
+        ok, detail = (checks or globals())[f"check_{name}"]()
     except Exception as exc:
         import traceback
 
@@ -272,29 +281,50 @@ def run_one(name: str) -> int:
     return 0 if ok else 1
 
 
-def main() -> int:
+def run_checks(
+    script: str,
+    names: tuple[str, ...],
+    description: str,
+    timeout: int,
+    checks: dict[str, Any],
+    dry_run: bool = False,
+) -> int:
+    """The command line of a prepared check script: each check in a fresh process.
+
+    Args:
+        script: The script's path (it runs itself with ``--check NAME``).
+        names: Its checks, in order.
+        description: Its ``--help`` text.
+        timeout: Seconds one check may take.
+        checks: The script's globals, holding ``check_<name>``.
+        dry_run: Whether ``REX_GPU_CHECK_ACCEL=cpu`` runs every check on CPU (else it is for
+            one ``--check`` only).
+
+    Returns:
+        The exit code: 0 when every check passed (or there is no CUDA device).
+    """
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--check", choices=CHECKS, help="run one check in this process")
+    parser.add_argument("--check", choices=names, help="run one check in this process")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     if args.check:
-        return run_one(args.check)
+        return run_one(args.check, checks)
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not (dry_run and ACCEL == "cpu"):
         print("no CUDA device: nothing to check here (the CPU paths are covered by the test suite)")
         return 0
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     results = []
-    for name in CHECKS:
+    for name in names:
         t0 = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--check", name],
+            [sys.executable, os.path.abspath(script), "--check", name],
             capture_output=True,
             text=True,
-            timeout=480,
+            timeout=timeout,
         )
         lines = [x for x in proc.stdout.splitlines() if x.startswith('{"check"')]
         res = (
@@ -314,6 +344,10 @@ def main() -> int:
     failed = [r["check"] for r in results if not r["ok"]]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
+
+
+def main() -> int:
+    return run_checks(__file__, CHECKS, __doc__ or "", 480, globals())
 
 
 if __name__ == "__main__":

@@ -71,7 +71,11 @@ class RegModel(L.LightningModule):
 
 
 def flat_params(module: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).cpu().to(torch.float64) for p in module.parameters()])
+    """Every parameter, flat, float64; a sharded (FSDP2) one gathered whole (a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    ps = [p.full_tensor() if isinstance(p, DTensor) else p for p in module.parameters()]
+    return torch.cat([p.detach().reshape(-1).cpu().to(torch.float64) for p in ps])
 
 
 def permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
@@ -120,6 +124,20 @@ def reference_train(
             if (i + 1) % accumulate == 0 or i == len(batches) - 1:
                 optimizer.step()
                 optimizer.zero_grad()
+    return flat_params(net)
+
+
+def reference_steps(steps: int, n: int = 640, accumulate: int = 1) -> torch.Tensor:
+    """One process, SGD, ``steps`` optimizer steps of epoch 0 at ``B = 32`` (2 ranks x 16)."""
+    ds = make_dataset(n)
+    x, y, _ = ds.tensors
+    net = make_net()
+    opt = make_optimizer(net.parameters(), "sgd")
+    for i, b in enumerate(global_batches(n, 32, 2, 0, 0)[: steps * accumulate]):
+        (((net(x[b]) - y[b]) ** 2).squeeze(-1).mean() / accumulate).backward()
+        if (i + 1) % accumulate == 0:
+            opt.step()
+            opt.zero_grad()
     return flat_params(net)
 
 

@@ -13,10 +13,10 @@ import torch
 from tests.helpers.dist import run_distributed
 from tests.helpers.models import (
     flat_params,
-    global_batches,
     make_dataset,
     make_net,
     make_optimizer,
+    reference_steps,
 )
 from torch import nn
 from torch.utils.data import DataLoader
@@ -25,13 +25,6 @@ import lightning as L
 from lightning_rex import RexLoop
 
 pytestmark = pytest.mark.distributed
-
-
-def _full(module: nn.Module) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    ps = [p.full_tensor() if isinstance(p, DTensor) else p for p in module.parameters()]
-    return torch.cat([p.detach().reshape(-1) for p in ps])
 
 
 class _Wrapped(nn.Module):
@@ -65,24 +58,12 @@ def _loop(rank: int, strategy: str, caps: Any, steps: int) -> dict[str, Any]:
         if rex.steps >= steps:
             break
     rex.finish()
-    return {"params": _full(model), "passes": passes}
-
-
-def _reference(steps: int, n: int) -> torch.Tensor:
-    ds = make_dataset(n)
-    x, y, _ = ds.tensors
-    net = make_net()
-    opt = make_optimizer(net.parameters(), "sgd")
-    for b in global_batches(n, 32, 2, 0, 0)[:steps]:
-        ((net(x[b]) - y[b]) ** 2).squeeze(-1).mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return flat_params(net)
+    return {"params": flat_params(model), "passes": passes}
 
 
 @pytest.mark.parametrize("strategy", ["rex", "rex_fsdp"])
 def test_a_fabric_loop_is_exact_in_float64_with_accumulation_passes(strategy: str) -> None:
-    ref = _reference(20, 640)
+    ref = reference_steps(20, 640)
     for caps in (None, [10, None]):
         runs = run_distributed(_loop, strategy, caps, 20)
         for rank, run in enumerate(runs):

@@ -18,11 +18,9 @@ from tests.helpers.dist import run_distributed
 from tests.helpers.models import (
     RegModel,
     flat_params,
-    global_batches,
     make_dataset,
-    make_net,
-    make_optimizer,
     permutation,
+    reference_steps,
 )
 from tests.helpers.timing import with_step_times
 from tests.helpers.trainer import quiet_trainer
@@ -32,26 +30,6 @@ from torch.utils.data import DataLoader
 from lightning_rex.lightning.fsdp import RexFSDPStrategy, _reshards_after_forward
 
 pytestmark = pytest.mark.distributed
-
-
-def _full(module: nn.Module) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    ps = [p.full_tensor() if isinstance(p, DTensor) else p for p in module.parameters()]
-    return torch.cat([p.detach().reshape(-1) for p in ps])
-
-
-def _reference(steps: int, n: int = 640, accumulate: int = 1) -> torch.Tensor:
-    ds = make_dataset(n)
-    x, y, _ = ds.tensors
-    net = make_net()
-    opt = make_optimizer(net.parameters(), "sgd")
-    for i, b in enumerate(global_batches(n, 32, 2, 0, 0)[: steps * accumulate]):
-        (((net(x[b]) - y[b]) ** 2).squeeze(-1).mean() / accumulate).backward()
-        if (i + 1) % accumulate == 0:
-            opt.step()
-            opt.zero_grad()
-    return flat_params(net)
 
 
 class _UserSharded(RegModel):
@@ -78,12 +56,12 @@ def _exact_fits(rank: int) -> dict[str, Any]:
         strategy = RexFSDPStrategy(micro_batch_sizes=[24, 8], adaptive=False, max_pass_sizes=caps)
         t = quiet_trainer(strategy=strategy, max_steps=20, accumulate_grad_batches=accumulate)
         t.fit(model, DataLoader(make_dataset(640 * accumulate), batch_size=16, shuffle=True))
-        out[name] = {"params": _full(model), "sizes": [len(s[2]) for s in model.seen]}
+        out[name] = {"params": flat_params(model), "sizes": [len(s[2]) for s in model.seen]}
     return out
 
 
 def test_rex_fsdp_is_exact_in_float64_with_and_without_accumulation_passes() -> None:
-    refs = {1: _reference(20), 2: _reference(20, 1280, accumulate=2)}
+    refs = {1: reference_steps(20), 2: reference_steps(20, 1280, accumulate=2)}
     runs = run_distributed(_exact_fits)
     for rank, run in enumerate(runs):
         for name, got in run.items():
@@ -128,7 +106,7 @@ def _bf16_fit(rank: int) -> dict[str, Any]:
     t.fit(model, DataLoader(make_dataset(640, dtype=torch.float32), batch_size=16))
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     return {
-        "finite": bool(torch.isfinite(_full(model)).all()),
+        "finite": bool(torch.isfinite(flat_params(model)).all()),
         "units": len(units),
         "checkpointed": sum(isinstance(m, CheckpointWrapper) for m in model.modules()),
         "reshards": [_reshards_after_forward(u) for u in units],
@@ -261,7 +239,7 @@ def _ddp_passes(rank: int) -> dict[str, Any]:
 
 
 def test_rex_ddp_accumulation_passes_are_exact_with_lightnings_accumulation_and_logging() -> None:
-    refs = {1: _reference(20), 2: _reference(20, 1280, accumulate=2)}
+    refs = {1: reference_steps(20), 2: reference_steps(20, 1280, accumulate=2)}
     for rank, run in enumerate(run_distributed(_ddp_passes)):
         for accumulate, params in run.items():
             diff = (params - refs[accumulate]).abs().max().item()

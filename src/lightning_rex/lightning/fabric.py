@@ -34,7 +34,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from lightning.fabric.strategies import DDPStrategy as FabricDDP
 from lightning.fabric.strategies import ModelParallelStrategy as FabricModelParallel
 from torch import Tensor, nn
@@ -252,7 +251,7 @@ class RexLoop:
             driver_collectives(device),
             target,
             self._decider,
-            resolve=self._resolve,
+            resolve=self.timer.window_row,
             caps=lambda: [self.pass_cap],
             on_record=self._write,
             clock=time.perf_counter if o.step_time_fn is None else (lambda: self._injected_s),
@@ -366,13 +365,6 @@ class RexLoop:
     def records(self) -> list[dict[str, Any]]:
         """The window records (rank 0)."""
         return [] if self.driver is None else self.driver.records
-
-    def _resolve(self, samples: list[Any]) -> np.ndarray:
-        out = []
-        for s in samples:
-            x = s[0]
-            out.append(float(x) if isinstance(x, (int, float)) else self.timer.resolve([x])[0])
-        return np.asarray(out, dtype=np.float64)[None, :]
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._log is None and self.options.log_dir is not None:

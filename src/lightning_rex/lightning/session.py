@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_rex.core import build
@@ -122,7 +121,7 @@ class FitSession:
             target,
             self._decider,
             check_decider_state=lambda d, b, n: build.check_decider_state(cb.settings, d, b, n),
-            resolve=self._resolve,
+            resolve=self.timer.window_row,
             caps=self._caps,
             telemetry=self._sample_telemetry if device.type == "cuda" else None,
             on_record=self._write,
@@ -335,13 +334,6 @@ class FitSession:
         return state
 
     # ------------------------------------------------------------------ what the driver asks
-    def _resolve(self, samples: list[Any]) -> np.ndarray:
-        out = []
-        for s in samples:
-            x = s[0]
-            out.append(float(x) if isinstance(x, (int, float)) else self.timer.resolve([x])[0])
-        return np.asarray(out, dtype=np.float64)[None, :]
-
     def _passes(self, size: int) -> list[int]:
         return [size] if self.strategy is None else self.strategy.passes_for(size)
 

@@ -11,7 +11,7 @@ same way. A subclass says what the current batch's per-rank sizes are
 subclasses. FSDP's reduce-scatter averages as DDP's all-reduce does, so the same factors
 are exact there.
 
-A rank whose micro-batch is larger than its pass cap (:meth:`Weighted.pass_cap`) trains it as
+A rank whose micro-batch is larger than its pass cap (:meth:`Weighted.passes_for`) trains it as
 accumulation passes inside one ``training_step`` (:mod:`~lightning_rex.lightning.passes`):
 every pass but the last runs forward and backward with gradient synchronisation paused
 (:meth:`Weighted.passes_unsynced`), each with its own factor; the last is returned to
@@ -39,7 +39,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.optim import Optimizer
 
-from lightning_rex.core.passes import passes as pass_sizes
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.data.weighting import LossReduction, loss_scale, pass_loss_scale
 from lightning_rex.lightning.passes import loss_of, mark_batch_dynamic, split_batch
@@ -113,14 +112,6 @@ class Weighted:
         """
         return ()
 
-    def pass_cap(self) -> int | None:
-        """The largest micro-batch this rank trains in one pass (None: no cap).
-
-        Returns:
-            The cap; the default has none.
-        """
-        return None
-
     def passes_for(self, size: int) -> list[int]:
         """The accumulation passes a micro-batch of ``size`` samples runs as on this rank.
 
@@ -128,9 +119,10 @@ class Weighted:
             size: The micro-batch.
 
         Returns:
-            The passes' sizes (``[size]`` when it fits in one).
+            The passes' sizes: one pass here; a strategy with pass caps cuts more
+            (:class:`~lightning_rex.lightning.pass_caps.PassCaps`).
         """
-        return pass_sizes(size, self.pass_cap())
+        return [size]
 
     @contextmanager
     def passes_unsynced(self) -> Iterator[None]:

@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["ComputeTimer"]
@@ -199,6 +200,18 @@ class ComputeTimer:
         """
         micro, self._micro = self._micro, []
         return micro
+
+    def window_row(self, samples: list[Any]) -> np.ndarray:
+        """A window's samples of this rank as the driver reads them: one row of seconds.
+
+        Args:
+            samples: What the driver was given per step: ``[handle]`` lists, a handle from
+                :meth:`take_step` or injected seconds each.
+
+        Returns:
+            Shape ``(1, K)`` seconds, float64 (CUDA events are read here, once a window).
+        """
+        return np.asarray(self.resolve([s[0] for s in samples]), dtype=np.float64)[None, :]
 
     def resolve(self, pending: list[Any]) -> list[float]:
         """Turn pending step measurements into seconds (reads CUDA events once).
