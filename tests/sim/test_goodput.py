@@ -8,37 +8,20 @@ from typing import Any
 import numpy as np
 import pytest
 from tests.helpers.cli import run_command
+from tests.helpers.workload import workload_scenario
 
 from lightning_rex.core import build
 from lightning_rex.core.scaling.noise_scale import noise_estimates
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
-from lightning_rex.sim import goodput
+from lightning_rex.sim import cli, goodput
 from lightning_rex.sim.goodput import hindsight_batch, oracle_plan, run_goodput
-from lightning_rex.sim.policy import PolicyInfo
-from lightning_rex.sim.pollux import PolluxPolicy, fit_throughput
 from lightning_rex.sim.scenario import ScenarioError
 from lightning_rex.sim.schema import load_scenario, scenario_from_dict, to_dict
 from lightning_rex.sim.workload import GradientNorms, Workload
 
 
-def _scenario(**workload: Any) -> dict[str, Any]:
-    # two fast ranks and two slow: 16 steps of progress per 1,000 samples at b0
-    ranks = [{"rate": 4000.0, "overhead_s": 0.004, "knee": 4, "mem_cap": 256}] * 2
-    ranks += [{"rate": 2000.0, "overhead_s": 0.004, "knee": 4, "mem_cap": 128}] * 2
-    wl = {"b0": 32, "target_progress": 32 * 400.0, "trace": [[0, 1 / 1024, 1.0]]}
-    return {
-        "global_batch": 32,
-        "steps": 900,
-        "window": 30,
-        "comm": 0.01,
-        "ranks": ranks,
-        "noise": {"cv": 0.05, "ar1": 0.3},
-        "workload": {**wl, **workload},
-    }
-
-
 def test_workload_schema_round_trip_and_errors() -> None:
-    s = scenario_from_dict(_scenario(trace=[[0, 1.0, 64.0], [1000, 0.5, 64.0]]))
+    s = scenario_from_dict(workload_scenario(trace=[[0, 1.0, 64.0], [1000, 0.5, 64.0]]))
     w = s.workload
     assert w is not None and w.batch_range == (32, 512)  # 16 x b0, within the caps (768)
     assert scenario_from_dict(to_dict(s)).workload == w
@@ -54,7 +37,7 @@ def test_workload_schema_round_trip_and_errors() -> None:
         ({"speed": 1}, "unknown key workload.speed"),
     ):
         with pytest.raises(ScenarioError, match=match):
-            scenario_from_dict(_scenario(**bad))
+            scenario_from_dict(workload_scenario(**bad))
 
 
 def test_gradient_norms_give_the_estimator_unbiased_noisy_pairs() -> None:
@@ -69,7 +52,7 @@ def test_gradient_norms_give_the_estimator_unbiased_noisy_pairs() -> None:
 
 
 def test_hindsight_is_the_best_fixed_batch_of_the_scan() -> None:
-    s = scenario_from_dict(_scenario())
+    s = scenario_from_dict(workload_scenario())
     best, seconds = hindsight_batch(s)
     w = s.workload
     assert w is not None
@@ -93,7 +76,7 @@ def test_rex_scales_the_batch_in_the_simulator_through_the_one_builder(monkeypat
         return built[-1]
 
     monkeypatch.setattr(build, "build_decider", spy)
-    s = scenario_from_dict(_scenario())
+    s = scenario_from_dict(workload_scenario())
     rex = run_goodput(s, "rex", 0)
     assert len(built) == 1 and isinstance(built[0], ScalingDecider)
     assert rex.reached and rex.batch_changes >= 1 and rex.mean_batch > 32
@@ -105,31 +88,9 @@ def test_rex_scales_the_batch_in_the_simulator_through_the_one_builder(monkeypat
     assert (again.time_to_target_s, again.batches) == (rex.time_to_target_s, rex.batches)
 
 
-def test_pollux_fits_its_model_and_splits_evenly() -> None:
-    m = np.array([8.0, 16.0, 64.0])
-    a, b = fit_throughput(m, 0.01 + 0.002 * m, np.ones(3))
-    assert (a, b) == pytest.approx((0.01, 0.002), rel=1e-3)
-    assert fit_throughput(np.array([8.0]), np.array([0.04]), np.ones(1)) == (0.02, 0.0025)
-    pol = PolluxPolicy()
-    info = PolicyInfo(32, 4, 30, 1, (None,) * 4, (8,) * 4, 0, batch_range=(32, 512))
-    pol.reset(info)
-    assert pol.choose() is None  # no noise estimate yet
-    pol._times = {32: [0.01 + 0.002 * 8], 128: [0.01 + 0.002 * 32]}
-    for _ in range(50):
-        pol.observe_gradients(0, 2.0, 0.5, (8, 8, 8, 8))  # |G|^2 = 0: noise only
-    assert pol.phi == float("inf") and pol.choose() == 512
-    for _ in range(2000):
-        pol.observe_gradients(0, 2.0, 1.0, (8, 8, 8, 8))  # |G|^2 = 2/3, tr(Sigma) = 32/3
-    assert pol.phi == pytest.approx(16.0)
-    # goodput B / (0.01 + 0.002 B / 4) x (16 + 32) / (16 + B) is largest at the smallest B
-    assert pol.choose() == 32 and pol.plan_for(510) == (128, 128, 127, 127)
-    with pytest.raises(ValueError, match="batch range"):
-        PolluxPolicy().reset(PolicyInfo(32, 4, 30, 1, (None,) * 4, (8,) * 4, 0))
-
-
 def test_cli_compares_batch_policies_by_time_to_target(tmp_path, capsys) -> None:
     path = tmp_path / "w.json"
-    path.write_text(json.dumps(_scenario()))
+    path.write_text(json.dumps(workload_scenario()))
     rc, out, _ = run_command(
         [
             "simulate",
@@ -147,7 +108,7 @@ def test_cli_compares_batch_policies_by_time_to_target(tmp_path, capsys) -> None
     d = json.loads(out)
     assert d["seeds"] == [0, 1] and set(d["policies"]) == {"fixed", "hindsight", "pollux"}
     assert all(p["time_to_target_mean"] > 0 for p in d["policies"].values())
-    assert d["hindsight_batch"] == hindsight_batch(scenario_from_dict(_scenario()))[0]
+    assert d["hindsight_batch"] == hindsight_batch(scenario_from_dict(workload_scenario()))[0]
     rc, _, err = run_command(["simulate", "--scenario", str(path), "--compare", "even"], capsys)
     assert rc == 2 and "not a global batch policy" in err
     rc, _, err = run_command(["simulate", "--scenario", "pair-3x", "--policy", "pollux"], capsys)
@@ -161,7 +122,16 @@ def test_workload_presets_load() -> None:
     slow = load_scenario("gns-slow-8").workload
     assert slow is not None  # phi grows from 2 b0 to 16 b0, close to linearly
     assert slow.noise_scale(0.5 * slow.target_progress) == pytest.approx(9 * 256, rel=0.02)
-    assert goodput.BATCH_POLICIES == ("fixed", "hindsight", "pollux", "rex")
+    assert goodput.BATCH_POLICIES == (
+        "fixed",
+        "hindsight",
+        "pollux",
+        "pollux-split",
+        "adaptive-oracle",
+        "rex",
+    )
+    # the CLI lists them without importing the goodput module
+    assert (*cli.BATCH_POLICIES, "rex") == goodput.BATCH_POLICIES
 
 
 def test_the_loop_gives_windows_the_wall_clock_with_the_all_reduce() -> None:

@@ -21,8 +21,8 @@ training's ``rex_decisions.jsonl``) and ``DIR/summary.json``, which
 ``python -m lightning_rex report DIR`` plots (see :mod:`lightning_rex.sim.trace`).
 
 On a scenario with a ``workload`` (the ``gns-*`` presets), the policies are global batch
-policies, ``--compare fixed,hindsight,pollux,rex``, compared by their time to the workload's
-target (see :mod:`lightning_rex.sim.goodput_cli`).
+policies, ``--compare fixed,hindsight,pollux,pollux-split,adaptive-oracle,rex``, compared
+by their time to the workload's target (see :mod:`lightning_rex.sim.goodput_cli`).
 
 On a scenario with memory (pass caps, :mod:`lightning_rex.sim.memory`: ``fsdp-memory-8``)
 the output names each rank's pass cap, and a seed set adds rex's throughput over every
@@ -43,7 +43,9 @@ from lightning_rex.sim.progress import progress_bar
 __all__ = ["add_parser", "best_peer", "main"]
 
 POLICIES = ("even", "static", "proportional", "throughput", "lbb", "omnilearn", "rex", "oracle")
-BATCH_POLICIES = ("fixed", "hindsight", "pollux")  # rex too; on workload scenarios only
+# on workload scenarios only (rex too); goodput.BATCH_POLICIES less rex (a test holds them
+# equal: the goodput module is imported only when a workload scenario runs)
+BATCH_POLICIES = ("fixed", "hindsight", "pollux", "pollux-split", "adaptive-oracle")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -66,7 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--policy",
         default="rex",
         choices=POLICIES + BATCH_POLICIES,
-        help="policy for a single run (fixed, hindsight, pollux: workload scenarios only)",
+        help="policy for a single run (fixed, hindsight, pollux, pollux-split, adaptive-oracle:"
+        " workload scenarios only)",
     )
     p.add_argument("--compare", default=None, help="comma-separated policies to compare")
     p.add_argument("--seed", type=_seed, default=0, help="noise seed (default 0)")

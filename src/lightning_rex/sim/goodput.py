@@ -14,6 +14,12 @@ training measures them. The policies:
   oracle's plan for it: the limit of any fixed choice;
 * ``pollux``: Pollux's goodput-optimal batch, re-chosen every 30 s, with its even split
   (:class:`~lightning_rex.sim.pollux.PolluxPolicy`);
+* ``pollux-split``: the same batch choice, each batch split by the oracle's minimax plan
+  (:func:`oracle_plan`): what Pollux's choice reaches once the split is as good as it gets,
+  so that rex against it measures rex's batch choice alone;
+* ``adaptive-oracle``: the goodput-optimal batch and its minimax plan at every step, from
+  the true statistics and curves (:class:`~lightning_rex.sim.adaptive_oracle.
+  AdaptiveOraclePolicy`): the limit of the goodput problem;
 * ``rex``: :class:`~lightning_rex.sim.policies.RexPolicy` with global batch scaling on over
   the workload's batch range: the :class:`~lightning_rex.core.scaling.scaling_decider.
   ScalingDecider` that :func:`~lightning_rex.core.build.build_decider` builds for training,
@@ -28,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core.plans.plan import Plan, even_plan
+from lightning_rex.sim.adaptive_oracle import AdaptiveOraclePolicy
 from lightning_rex.sim.engine import decider_for, default_loop, run_loop
 from lightning_rex.sim.policies import EvenPolicy, OraclePolicy, RexPolicy
 from lightning_rex.sim.policy import Policy, PolicyInfo
@@ -38,7 +45,7 @@ from lightning_rex.sim.workload import GradientNorms, Workload
 
 __all__ = ["BATCH_POLICIES", "GoodputResult", "hindsight_batch", "run_goodput"]
 
-BATCH_POLICIES = ("fixed", "hindsight", "pollux", "rex")
+BATCH_POLICIES = ("fixed", "hindsight", "pollux", "pollux-split", "adaptive-oracle", "rex")
 """The global batch policies :func:`run_goodput` runs."""
 
 _SCAN = 32
@@ -185,12 +192,23 @@ def _policy(name: str, s: Scenario, seed: int, batch: int) -> tuple[Policy, Poli
         info = PolicyInfo(**{**asdict(info), "initial_plan": oracle_plan(s, batch)})
     elif name == "pollux":
         pol, info = PolluxPolicy(), _info(s, seed, s.global_batch, w.batch_range)
+    elif name == "pollux-split":
+        cache: dict[int, Plan] = {}
+
+        def split(b: int) -> Plan:
+            if b not in cache:
+                cache[b] = oracle_plan(s, b)
+            return cache[b]
+
+        pol, info = PolluxPolicy(split), _info(s, seed, s.global_batch, w.batch_range)
+    elif name == "adaptive-oracle":
+        pol, info = AdaptiveOraclePolicy(s), _info(s, seed, s.global_batch, w.batch_range)
     elif name == "rex":
         pol, info = RexPolicy(), _info(s, seed, s.global_batch, w.batch_range)
     else:
         raise ValueError(f"unknown batch policy {name!r}; choose from {', '.join(BATCH_POLICIES)}")
     pol.reset(info)
-    return pol, info, info.initial_plan
+    return pol, info, pol.start_plan or info.initial_plan
 
 
 def run_goodput(
@@ -229,7 +247,7 @@ def run_goodput(
         return progress[0] >= w.target_progress
 
     res = run_loop(
-        info.global_batch,
+        sum(first),
         s.world_size,
         s.steps,
         times,

@@ -11,19 +11,35 @@ What a Pollux job (its PolluxAgent, on a fixed allocation) does, as simulated he
   against the all-reduced one and smoothed by exponential moving averages (sec. 3.1;
   :func:`~lightning_rex.core.scaling.noise_scale.noise_estimates` on the even plan is that
   estimator, with the same decay as rex's scaler, 0.99).
-* **Throughput model** (sec. 3.2): ``T_iter(m) = T_grad(m) + T_sync`` with
-  ``T_grad(m) = alpha + beta * m``, ``m`` the per-replica batch; the allocation is fixed,
-  so the synchronisation time is a constant and is folded into ``alpha``. The parameters are
-  fitted to the measured iteration times by minimising the root mean squared *log* error
-  (the paper's fit), with ``alpha, beta >= 0``. Until two per-replica sizes have been
-  measured the fit is under-determined; the one measured time is then split evenly between
-  ``alpha`` and ``beta * m`` (our choice: the paper leaves this start open), which makes
-  Pollux try a larger batch and learn the slope there.
+* **Throughput model** (sec. 3.2). Per replica, at micro-batch ``m`` with ``s`` gradient
+  accumulation steps::
+
+      T_grad(m) = alpha_grad + beta_grad * m
+      T_iter(m, s) = s * T_grad(m) + (T_grad(m)^gamma + T_sync^gamma)^(1 / gamma)
+
+  ``T_sync`` is the all-reduce (a constant here: the allocation is fixed, so the paper's
+  dependence on the number of nodes and replicas is one value), and ``gamma >= 1`` models how
+  much of it overlaps the backward pass (1: none; large: all). The parameters are fitted to
+  the measured ``T_grad`` and ``T_iter`` by least squared *log* error (the paper's fit), with
+  every parameter ``>= 0``. The agent measures both times apart, as Pollux's agent profiles
+  the compute and the synchronising step apart (:class:`Throughput`). *Its start* is ours:
+  until two micro-batch sizes have been measured, the ``T_grad`` fit is under-determined, and
+  the one measured time is split evenly between ``alpha_grad`` and ``beta_grad * m``, which
+  makes Pollux try a larger batch and learn the slope there; ``gamma`` starts at 1 and moves
+  only when times at several sizes call for it.
 * **Batch size** (sec. 4.1): the agent re-fits the model and re-chooses the batch that
-  maximises predicted goodput every 30 seconds of training (its reporting period),
-  from per-replica sizes in the configured range. Every replica gets the same micro-batch:
-  Pollux models homogeneous replicas and has no notion of an uneven split, so on a mixed
-  cluster it runs at the speed of the slowest GPU. No gradient accumulation is simulated.
+  maximises predicted goodput every 30 seconds of training (its reporting period), over
+  the global batches of the configured range (in steps of ``N``). On a scenario whose memory
+  is soft (pass caps, :mod:`lightning_rex.sim.memory`), a batch larger than the replicas'
+  memory takes the fewest accumulation steps that fit, as Pollux does; hard caps
+  (``mem_cap``) bound the batch instead, since the simulator cannot run past them.
+* **The split.** ``pollux`` gives every replica the same micro-batch: Pollux models
+  homogeneous replicas and has no notion of an uneven split, so on a mixed cluster it runs
+  at the speed of the slowest GPU. ``pollux-split`` (``PolluxPolicy(split=...)``) is our
+  variant that separates the two gains rex makes: Pollux's batch choice, unchanged, with
+  each chosen batch split by the given rule (the simulator passes the oracle's minimax
+  plan, :func:`~lightning_rex.sim.goodput.oracle_plan`). Its throughput model then sees the
+  split's iteration times, as a function of the mean micro-batch ``B / N``.
 * **Learning rate**: AdaScale (Pollux's default for SGD). The simulator's progress model
   (:mod:`lightning_rex.sim.workload`) already assumes a learning rate that follows the batch,
   so the rule changes no figure here.
@@ -32,6 +48,8 @@ What a Pollux job (its PolluxAgent, on a fixed allocation) does, as simulated he
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize
@@ -41,24 +59,62 @@ from lightning_rex.core.scaling.noise_scale import noise_estimates
 from lightning_rex.core.window import Window
 from lightning_rex.sim.policy import PolicyBase, PolicyInfo
 
-__all__ = ["PolluxPolicy", "fit_throughput"]
+__all__ = ["PolluxPolicy", "Throughput", "fit_grad_time", "fit_throughput"]
 
 _PERIOD_S = 30.0
 """Seconds of training between re-choices of the batch (the agent's reporting period)."""
 _DECAY = 0.99
 """Per-step decay of the noise scale's moving averages."""
+_GAMMA_MAX = 10.0
+"""The largest overlap exponent fitted (beyond it the two terms are a maximum)."""
 
 
-def fit_throughput(m: np.ndarray, t: np.ndarray, count: np.ndarray) -> tuple[float, float]:
-    """Fit ``T(m) = alpha + beta * m`` by least squared log error (Pollux, sec. 3.2).
+@dataclass(frozen=True)
+class Throughput:
+    """Pollux's fitted throughput model of one job on its allocation (module docstring).
+
+    Attributes:
+        alpha_grad: Seconds of a replica's compute that do not grow with its micro-batch.
+        beta_grad: Seconds per sample of a replica's compute.
+        t_sync: Seconds of the gradient all-reduce.
+        gamma: The overlap exponent, ``>= 1``.
+    """
+
+    alpha_grad: float
+    beta_grad: float
+    t_sync: float
+    gamma: float = 1.0
+
+    def grad_time(self, m: np.ndarray) -> np.ndarray:
+        """``T_grad(m) = alpha_grad + beta_grad * m``, seconds."""
+        return self.alpha_grad + self.beta_grad * np.asarray(m, dtype=np.float64)
+
+    def iteration_time(self, m: np.ndarray, s: np.ndarray | int = 0) -> np.ndarray:
+        """``T_iter(m, s) = s T_grad + (T_grad^gamma + T_sync^gamma)^(1/gamma)``, seconds.
+
+        Args:
+            m: Per-replica micro-batch sizes.
+            s: Gradient accumulation steps before the synchronising one (0: none).
+
+        Returns:
+            Seconds per iteration, the shape of ``m``.
+        """
+        tg = self.grad_time(m)
+        g = self.gamma
+        both = (tg**g + self.t_sync**g) ** (1.0 / g)
+        return np.asarray(s, dtype=np.float64) * tg + both
+
+
+def fit_grad_time(m: np.ndarray, t: np.ndarray, count: np.ndarray) -> tuple[float, float]:
+    """Fit ``T_grad(m) = alpha + beta * m`` by least squared log error (Pollux, sec. 3.2).
 
     Args:
         m: Distinct per-replica batch sizes measured.
-        t: The mean iteration time at each, seconds.
+        t: The mean compute time at each, seconds.
         count: Iterations measured at each (the weights).
 
     Returns:
-        ``(alpha, beta)``, both >= 0.
+        ``(alpha, beta)``, both >= 0; with one size, half of its time each (our start).
     """
     m, t, w = (np.asarray(x, dtype=np.float64) for x in (m, t, count))
     if m.size == 1:  # under-determined: half fixed, half per sample (module docstring)
@@ -74,10 +130,62 @@ def fit_throughput(m: np.ndarray, t: np.ndarray, count: np.ndarray) -> tuple[flo
     return float(res.x[0]) * scale, float(res.x[1]) * scale
 
 
-class PolluxPolicy(PolicyBase):
-    """Pollux's goodput-optimal batch size, re-chosen every 30 s (module docstring)."""
+def fit_throughput(
+    m: np.ndarray,
+    t_grad: np.ndarray,
+    t_iter: np.ndarray,
+    count: np.ndarray,
+    accumulation: np.ndarray | None = None,
+) -> Throughput:
+    """Fit Pollux's throughput model to measured compute and iteration times.
 
-    name = "pollux"
+    ``T_grad`` comes from :func:`fit_grad_time`; ``T_sync`` and ``gamma`` then minimise the
+    squared log error of the predicted iteration times, from ``gamma = 1`` and the measured
+    difference ``T_iter - T_grad`` as the start (``gamma`` in ``[1, 10]``).
+
+    Args:
+        m: Distinct per-replica batch sizes measured.
+        t_grad: The mean compute time of one pass at each (the slowest replica's), seconds.
+        t_iter: The mean iteration time at each, seconds.
+        count: Iterations measured at each (the weights).
+        accumulation: The accumulation steps at each; None: none.
+
+    Returns:
+        The fitted :class:`Throughput`.
+    """
+    m, tg, ti, w = (np.asarray(x, dtype=np.float64) for x in (m, t_grad, t_iter, count))
+    acc = np.zeros(m.shape) if accumulation is None else np.asarray(accumulation, np.float64)
+    alpha, beta = fit_grad_time(m, tg, w)
+    sync0 = max(float(np.sum(w * (ti - (acc + 1) * tg)) / w.sum()), 0.0)
+    if m.size < 2 or sync0 == 0.0:  # nothing to tell the overlap apart
+        return Throughput(alpha, beta, sync0, 1.0)
+    scale = float(ti.max())
+    pred_g = (alpha + beta * m) / scale
+
+    def loss(p: np.ndarray) -> float:
+        both = acc * pred_g + (pred_g ** p[1] + p[0] ** p[1]) ** (1.0 / p[1])
+        return float(np.sum(w * (np.log(np.maximum(both, 1e-12)) - np.log(ti / scale)) ** 2))
+
+    res = optimize.minimize(
+        loss,
+        np.array([sync0 / scale, 1.0]),
+        bounds=[(0.0, None), (1.0, _GAMMA_MAX)],
+        method="L-BFGS-B",
+    )
+    return Throughput(alpha, beta, float(res.x[0]) * scale, float(res.x[1]))
+
+
+class PolluxPolicy(PolicyBase):
+    """Pollux's goodput-optimal batch size, re-chosen every 30 s (module docstring).
+
+    Args:
+        split: How a chosen global batch is split over the ranks; None: evenly, as Pollux
+            does (``pollux``). Given: ``pollux-split``, Pollux's choice under that split.
+    """
+
+    def __init__(self, split: Callable[[int], Plan] | None = None) -> None:
+        self.split = split
+        self.name = "pollux" if split is None else "pollux-split"
 
     def reset(self, info: PolicyInfo) -> None:
         """Start at the run's batch with no estimates.
@@ -93,16 +201,23 @@ class PolluxPolicy(PolicyBase):
         self.info = info
         n = info.world_size
         lo, hi = info.batch_range
-        caps = [c for c in info.max_sizes if c is not None]
-        top = min(hi // n, min(caps) if caps else hi // n)
-        self.sizes = np.arange(max(info.min_size, -(-lo // n)), max(top, 1) + 1)
-        self._times: dict[int, list[float]] = {}  # iteration times by global batch
+        # soft memory (pass caps): a larger micro-batch accumulates; hard caps bound the batch
+        soft = [c for c in info.pass_caps or () if c is not None]
+        self.cap = min(soft) if soft else None
+        hard = [c for c in info.max_sizes if c is not None]
+        if hard and len(hard) == n:
+            hi = min(hi, sum(hard) if self.split is not None else n * min(hard))
+        self.batches = np.arange(max(lo, n * info.min_size), hi + 1, n)
+        # measured (slowest compute, iteration) times by global batch
+        self._times: dict[int, list[tuple[float, float]]] = {}
         self._g = self._s = self._w = 0.0
         self._clock = 0.0
         self._next = _PERIOD_S
         self.base = info.global_batch
         self.batch = info.global_batch
         self.rollbacks = 0
+        self.model: Throughput | None = None
+        self.start_plan = None if self.split is None else self.split(info.global_batch)
 
     @property
     def phi(self) -> float | None:
@@ -130,7 +245,7 @@ class PolluxPolicy(PolicyBase):
             self._w = _DECAY * self._w + (1 - _DECAY)
 
     def observe_step(self, step: int, times: np.ndarray, plan: Plan) -> Plan | None:
-        """Record the iteration time; every 30 s, re-choose the batch.
+        """Record the step's times; every 30 s, re-choose the batch.
 
         Args:
             step: The step just run.
@@ -138,10 +253,11 @@ class PolluxPolicy(PolicyBase):
             plan: The plan it ran under.
 
         Returns:
-            The even plan of the new batch, or None.
+            The plan of the new batch, or None.
         """
-        t = float(np.max(times)) + self.info.comm
-        self._times.setdefault(sum(plan), []).append(t)
+        grad = float(np.max(times))
+        t = grad + self.info.comm
+        self._times.setdefault(sum(plan), []).append((grad, t))
         self._clock += t
         if self._clock < self._next:
             return None
@@ -152,6 +268,13 @@ class PolluxPolicy(PolicyBase):
         self.batch = best
         return self.plan_for(best)
 
+    def accumulation(self, batch: np.ndarray) -> np.ndarray:
+        """The fewest accumulation steps that fit each global batch in memory (0: none)."""
+        n = self.info.world_size
+        if self.cap is None:
+            return np.zeros(np.shape(batch), dtype=np.int64)
+        return np.ceil(np.asarray(batch) / (n * self.cap)).astype(np.int64) - 1
+
     def choose(self) -> int | None:
         """The batch of highest predicted goodput, or None without a noise estimate."""
         phi = self.phi
@@ -159,19 +282,28 @@ class PolluxPolicy(PolicyBase):
             return None
         n = self.info.world_size
         seen = sorted(self._times)
-        t = np.array([np.mean(self._times[b]) for b in seen])
-        c = np.array([len(self._times[b]) for b in seen])
-        alpha, beta = fit_throughput(np.array(seen, dtype=np.float64) / n, t, c)
-        batch = self.sizes * n
-        time = alpha + beta * self.sizes
-        eff = np.ones(batch.size) if not math.isfinite(phi) else (phi + self.base) / (phi + batch)
-        goodput = np.where(time > 0, batch / np.maximum(time, 1e-12), 0.0) * eff
+        rows = [np.asarray(self._times[b]) for b in seen]
+        acc = self.accumulation(np.array(seen))
+        self.model = fit_throughput(
+            np.array(seen, dtype=np.float64) / (n * (acc + 1)),
+            np.array([r[:, 0].mean() for r in rows]) / (acc + 1),
+            np.array([r[:, 1].mean() for r in rows]),
+            np.array([len(r) for r in rows]),
+            acc,
+        )
+        batch = self.batches
+        s = self.accumulation(batch)
+        time = self.model.iteration_time(batch / (n * (s + 1)), s)
         if not math.isfinite(phi):  # all noise: the largest batch
-            goodput = batch.astype(np.float64)
+            return int(batch[-1])
+        eff = (phi + self.base) / (phi + batch)
+        goodput = batch / np.maximum(time, 1e-12) * eff
         return int(batch[int(np.argmax(goodput))])
 
     def plan_for(self, batch: int) -> Plan:
-        """Every replica the same micro-batch (the remainder on the first ranks)."""
+        """The split of ``batch``: ``split``'s, or every replica the same (remainder first)."""
+        if self.split is not None:
+            return self.split(int(batch))
         n = self.info.world_size
         q, r = divmod(int(batch), n)
         return tuple(q + (1 if i < r else 0) for i in range(n))
