@@ -134,6 +134,23 @@ def test_workload_presets_load() -> None:
     assert (*cli.BATCH_POLICIES, "rex") == goodput.BATCH_POLICIES
 
 
+@pytest.mark.parametrize("name", ["gns-image-8", "gns-lm-8", "gns-image-64", "gns-lm-64"])
+def test_long_workload_presets_last_hours_at_b0(name: str) -> None:
+    s = load_scenario(name)
+    w, short = s.workload, load_scenario(name.replace("image", "slow").replace("lm", "fast"))
+    assert w is not None and short.workload is not None
+    plan = oracle_plan(s, s.global_batch)  # the fixed B0, at its best split
+    step = float(s.compute_times(np.asarray(plan), 0).max()) + s.comm
+    hours = w.target_progress / s.global_batch * step / 3600
+    assert 1.5 < hours < 4  # hours to the target
+    # the same shape of noise scale as its short preset, over a longer run
+    for u in (0.0, 0.3, 1.0):
+        assert w.noise_scale(u * w.target_progress) == pytest.approx(
+            short.workload.noise_scale(u * short.workload.target_progress)
+        )
+    assert w.target_progress >= 2 * short.workload.target_progress
+
+
 def test_the_loop_gives_windows_the_wall_clock_with_the_all_reduce() -> None:
     from lightning_rex.driver.config import LoopConfig
     from lightning_rex.sim.engine import run_loop

@@ -66,20 +66,53 @@ def test_pollux_chooses_the_goodput_optimal_batch_and_splits_evenly() -> None:
         PolluxPolicy().reset(PolicyInfo(32, 4, 30, 1, (None,) * 4, (8,) * 4, 0))
 
 
+def _split(b: int) -> tuple[int, ...]:  # twice as much to the first two ranks
+    q = b // 6
+    return (2 * q, 2 * q, q, b - 5 * q)
+
+
 def test_memory_bounds_the_batch_or_makes_it_accumulate() -> None:
     caps = (256, 256, 128, 128)
     hard = PolicyInfo(32, 4, 30, 1, caps, (8,) * 4, 0, batch_range=(32, 2048))
-    even, split = PolluxPolicy(), PolluxPolicy(lambda b: (b,))
+    even, split = PolluxPolicy(), PolluxPolicy(_split)
     even.reset(hard)
     split.reset(hard)
     assert even.batches[-1] == 512  # four times the smallest cap
     assert split.batches[-1] == 768  # an uneven split fills every cap
+    part = PolicyInfo(32, 4, 30, 1, (None, 256, None, 128), (8,) * 4, 0, batch_range=(32, 2048))
+    even.reset(part)
+    split.reset(part)
+    assert even.batches[-1] == 512  # one capped replica bounds an even split
+    assert split.batches[-1] == 2048  # an uncapped rank takes what the caps do not
     soft = PolicyInfo(
         32, 4, 30, 1, (None,) * 4, (8,) * 4, 0, batch_range=(32, 2048), pass_caps=caps
     )
     even.reset(soft)
+    split.reset(soft)
     assert even.batches[-1] == 2048  # soft caps: past 4 x 128 the replicas accumulate
-    assert even.accumulation(np.array([512, 513, 1024, 2048])).tolist() == [0, 1, 1, 3]
+    # 513 puts its extra sample on a 256 replica; 515 one on a 128, which takes two passes
+    assert even.accumulation(np.array([512, 513, 515, 2048])).tolist() == [0, 0, 1, 3]
+    # the split's passes: 2048 -> (682, 682, 341, 343) against (256, 256, 128, 128)
+    assert split.accumulation(np.array([768, 2048])).tolist() == [0, 2]
+
+
+def test_soft_memory_reaches_pollux_in_a_goodput_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    d = workload_scenario()
+    for r in d["ranks"]:
+        r["mem_cap"], r["memory_bytes"] = None, 2e9
+    d["memory"] = {"fixed_bytes": 0.0, "per_sample_bytes": 2e7}  # 100 samples a pass
+    s = scenario_from_dict(d)
+    assert s.pass_caps == [100] * 4
+    seen: list[PolicyInfo] = []
+    reset = PolluxPolicy.reset
+
+    def spy(self: PolluxPolicy, info: PolicyInfo) -> None:
+        seen.append(info)
+        reset(self, info)
+
+    monkeypatch.setattr(PolluxPolicy, "reset", spy)
+    assert run_goodput(s, "pollux", 0).reached
+    assert seen and seen[0].pass_caps == (100,) * 4
 
 
 def test_pollux_split_is_pollux_s_choice_under_the_oracle_s_split() -> None:

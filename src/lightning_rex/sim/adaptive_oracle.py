@@ -9,12 +9,16 @@ their goodput, progress per second::
     T(B) = max_r t_r(plan*(B)_r) + comm,
 
 where ``phi`` is the true noise scale at the progress reached and ``plan*(B)`` is the oracle's
-minimax plan for ``B`` (:class:`~lightning_rex.sim.policies.OraclePolicy`), and moves to the
-best batch when that pays for the shape change it costs. A change is worth it when the
-seconds it saves over the rest of the run, ``P_left * (1 / goodput(B_now) -
-1 / goodput(B*))``, exceed the scenario's ``shape_change_s``; the remaining progress is known
-exactly, so the rule is the oracle's, not an estimate. Its time to the target bounds what any
-batch policy can reach on the scenario, up to the grid's resolution (:data:`GRID`).
+minimax plan for ``B`` (:class:`~lightning_rex.sim.policies.OraclePolicy`) on the curves at
+step 0 (the workload presets have no events; a scenario's events are not re-planned for).
+It moves to the best batch when that pays for the shape change it costs: when the seconds
+it saves over the rest of the run at today's rates, ``P_left * (1 / goodput(B_now) -
+1 / goodput(B*))``, exceed the scenario's ``shape_change_s``. The remaining progress is known
+exactly; the rates ahead are taken as today's, so the rule is greedy, not a proof of the
+optimum. Its grid holds the hindsight scan's (:data:`GRID`), so no fixed batch scores
+better at the start. It is the strongest policy the simulator has, a limit in practice for
+any batch policy on the scenario: it knows the true statistics and curves, where a real
+policy estimates them from noisy steps.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from lightning_rex.sim.workload import Workload
 
 __all__ = ["GRID", "AdaptiveOraclePolicy"]
 
-GRID = 96
-"""Global batches the oracle scores (geometric over the workload's range, with ``B0``)."""
+GRID = 94
+"""Global batches the oracle scores, geometric over the workload's range (with ``B0``):
+``3 x 31 + 1``, so that every third is a point of the hindsight scan's 32
+(:func:`~lightning_rex.sim.goodput.hindsight_batch`)."""
 
 
 class AdaptiveOraclePolicy(PolicyBase):

@@ -121,6 +121,7 @@ def _info(s: Scenario, seed: int, batch: int, batch_range: tuple[int, int] | Non
         s.shape_cache,
         s.comm,
         batch_range,
+        None if s.pass_caps is None else tuple(s.pass_caps),
     )
 
 
@@ -260,6 +261,7 @@ def run_goodput(
         devices=s.devices,
         batch_range=info.batch_range,
         after_step=after_step,
+        pass_caps=s.pass_caps,
     )
     ran = len(per_step)
     sizes = np.asarray(per_step)

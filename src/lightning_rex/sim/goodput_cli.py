@@ -1,9 +1,10 @@
 """``simulate`` on a workload scenario: global batch policies compared by time to target.
 
-``python -m lightning_rex simulate --scenario gns-slow-8 --compare fixed,hindsight,pollux,rex
---seeds 0-9 [--json]`` runs each policy of :data:`~lightning_rex.sim.goodput.BATCH_POLICIES`
-to the workload's target (:func:`~lightning_rex.sim.goodput.run_goodput`) and prints, per
-policy, the time to target and what the policy did. Over a seed set, ``--json`` gives each
+``python -m lightning_rex simulate --scenario gns-slow-8 --compare
+fixed,hindsight,adaptive-oracle,pollux,pollux-split,rex --seeds 0-9 [--json]`` runs each
+policy of :data:`~lightning_rex.sim.goodput.BATCH_POLICIES` to the workload's target
+(:func:`~lightning_rex.sim.goodput.run_goodput`) and prints, per policy, the time to target
+and what the policy did. Over a seed set, ``--json`` gives each
 policy's ``time_to_target_mean`` in seconds, and ``rex_time_ratio`` is rex's time over the
 policy's, paired by seed, with a 95% interval (below 1: rex is faster).
 """

@@ -31,7 +31,7 @@ What a Pollux job (its PolluxAgent, on a fixed allocation) does, as simulated he
   maximises predicted goodput every 30 seconds of training (its reporting period), over
   the global batches of the configured range (in steps of ``N``). On a scenario whose memory
   is soft (pass caps, :mod:`lightning_rex.sim.memory`), a batch larger than the replicas'
-  memory takes the fewest accumulation steps that fit, as Pollux does; hard caps
+  memory takes the fewest accumulation steps that fit its split, as Pollux does; hard caps
   (``mem_cap``) bound the batch instead, since the simulator cannot run past them.
 * **The split.** ``pollux`` gives every replica the same micro-batch: Pollux models
   homogeneous replicas and has no notion of an uneven split, so on a mixed cluster it runs
@@ -202,11 +202,12 @@ class PolluxPolicy(PolicyBase):
         n = info.world_size
         lo, hi = info.batch_range
         # soft memory (pass caps): a larger micro-batch accumulates; hard caps bound the batch
-        soft = [c for c in info.pass_caps or () if c is not None]
-        self.cap = min(soft) if soft else None
+        self.caps = tuple(info.pass_caps) if info.pass_caps is not None else None
         hard = [c for c in info.max_sizes if c is not None]
-        if hard and len(hard) == n:
-            hi = min(hi, sum(hard) if self.split is not None else n * min(hard))
+        if hard and self.split is None:  # every replica the same: the smallest cap bounds it
+            hi = min(hi, n * min(hard))
+        elif hard and len(hard) == n:  # split: up to every cap full
+            hi = min(hi, sum(hard))
         self.batches = np.arange(max(lo, n * info.min_size), hi + 1, n)
         # measured (slowest compute, iteration) times by global batch
         self._times: dict[int, list[tuple[float, float]]] = {}
@@ -217,6 +218,7 @@ class PolluxPolicy(PolicyBase):
         self.batch = info.global_batch
         self.rollbacks = 0
         self.model: Throughput | None = None
+        self._pass_memo: dict[int, int] = {}
         self.start_plan = None if self.split is None else self.split(info.global_batch)
 
     @property
@@ -269,11 +271,27 @@ class PolluxPolicy(PolicyBase):
         return self.plan_for(best)
 
     def accumulation(self, batch: np.ndarray) -> np.ndarray:
-        """The fewest accumulation steps that fit each global batch in memory (0: none)."""
-        n = self.info.world_size
-        if self.cap is None:
-            return np.zeros(np.shape(batch), dtype=np.int64)
-        return np.ceil(np.asarray(batch) / (n * self.cap)).astype(np.int64) - 1
+        """The accumulation steps of each global batch: its split's most passes, less one.
+
+        Args:
+            batch: Global batches.
+
+        Returns:
+            The steps before the synchronising one (0: the batch fits in one pass), the
+            shape of ``batch``.
+        """
+        batch = np.asarray(batch, dtype=np.int64)
+        if self.caps is None or all(c is None for c in self.caps):
+            return np.zeros(batch.shape, dtype=np.int64)
+        return np.array([self._passes(int(b)) - 1 for b in batch.reshape(-1)]).reshape(batch.shape)
+
+    def _passes(self, batch: int) -> int:
+        if batch not in self._pass_memo:
+            caps = self.caps or ()
+            self._pass_memo[batch] = max(
+                -(-m // c) if c is not None else 1 for m, c in zip(self.plan_for(batch), caps)
+            )
+        return self._pass_memo[batch]
 
     def choose(self) -> int | None:
         """The batch of highest predicted goodput, or None without a noise estimate."""
