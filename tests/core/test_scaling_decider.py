@@ -153,6 +153,29 @@ def test_time_outside_compute_counts_toward_goodput():
     assert decide(False).global_batch <= B0  # compute alone: a smaller batch is as fast
 
 
+def test_a_new_batch_is_validated_on_the_wall_clock_as_its_baseline_is():
+    # compute in proportion to the batch, 60 ms a step outside it: the trial's times must
+    # carry those 60 ms as the baseline's do, or every change looks faster than it is
+    rng = np.random.default_rng(3)
+    dec = make()
+    seen, last = [], []
+    validate = dec.scaler.validate
+
+    def spy(old, new, base, trial, confidence=None):
+        seen.append((np.asarray(trial), last[-1]))
+        return validate(old, new, base, trial, confidence)
+
+    dec.scaler.validate = spy
+    for w in range(16):
+        feed(dec, rng, 30)
+        t = (np.asarray(dec.plan) / RATES)[:, None] * np.exp(rng.normal(0, 0.03, (N, 30)))
+        last.append(t.max(axis=0))
+        dec.observe(Window(t, dec.plan, 30 * w, 30 * w + 30, float(t.max(axis=0).sum()) + 1.8))
+    assert seen
+    for trial, step_max in seen:  # the new batch's first step (its new shapes) left out
+        assert trial == pytest.approx(step_max[1:] + 0.06)
+
+
 def test_one_off_steps_are_not_the_batch_rate():
     from lightning_rex.core.scaling.scaling_decider import _steady
 

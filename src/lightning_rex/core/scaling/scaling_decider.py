@@ -174,11 +174,18 @@ class ScalingDecider:
         """Seconds per step outside the ranks' compute: the median of the recent windows'."""
         return float(np.median(self._overheads)) if self._overheads else 0.0
 
-    def _times(self, window: Window) -> np.ndarray:
-        """The window's synchronous step times as goodput sees them (module docstring)."""
+    def _times(self, window: Window, first: bool = False) -> np.ndarray:
+        """The window's synchronous step times as goodput sees them (module docstring).
+
+        Args:
+            window: The window.
+            first: It is a new batch's first window: its first step (the new shapes' one-off
+                cost) is left out.
+        """
         if window.overhead_s is not None:
             self._overheads = [*self._overheads, window.overhead_s][-_OVERHEAD_WINDOWS:]
-        return _steady(window.step_max) + self.overhead_s
+        t = window.step_max
+        return _steady(t[1:] if first and t.size >= 3 else t) + self.overhead_s
 
     def _observe(self, window: Window) -> Decision:
         b = sum(window.plan)
@@ -199,10 +206,9 @@ class ScalingDecider:
             if decided.kind != "hold":
                 self.controller.decline()
             # the first step at the new batch pays its new shapes once (cuDNN autotuning,
-            # recompiles): a one-off, not the new batch's rate, so it is left out
-            times = (
-                window.step_max if self._trial or window.step_max.size < 3 else window.step_max[1:]
-            )
+            # recompiles): a one-off, not the new batch's rate, so it is left out; the trial's
+            # times carry the per-step overhead as the baseline's and the predictions do
+            times = self._times(window, first=not self._trial)
             if self.controller.model.n_obs > 0:
                 self.scaler.record(b, times, self._predict(b))
             self._trial += times.tolist()
