@@ -27,6 +27,7 @@ from real_jobs import (
     render_validation,
 )
 from sim_jobs import (
+    GNS_LONG_CMDS,
     SIM4096_CMDS,
     TARGET_CMDS,
     _gns_cmds,
@@ -35,6 +36,7 @@ from sim_jobs import (
     _readme_cmds,
     render_4096,
     render_gns,
+    render_gns_long,
     render_sim_help,
     render_sim_peers,
     render_sim_readme,
@@ -55,6 +57,7 @@ JOBS = {
         Job("sim-memory", MEMORY_CMDS, render_memory),
         Job("fabric", FABRIC_CMDS, render_fabric),
         Job("gns", _gns_cmds(), render_gns),
+        Job("gns-long", GNS_LONG_CMDS, render_gns_long),
         Job(
             "emulation",
             {

@@ -362,34 +362,35 @@ def render_4096(data: dict[str, Any]) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- batch scaling
 GNS = ("gns-flat-8", "gns-slow-8", "gns-fast-8", "gns-flat-64", "gns-slow-64", "gns-fast-64")
+GNS_LONG = ("gns-image-8", "gns-lm-8", "gns-image-64", "gns-lm-64")
+_GNS_POLICIES = "fixed,hindsight,adaptive-oracle,pollux,pollux-split,rex"
+
+
+def _gns_compare(presets: tuple[str, ...]) -> dict[str, Command]:
+    return {
+        p: _rex("simulate", "--scenario", p, "--compare", _GNS_POLICIES, "--seeds", "0-9", "--json")
+        for p in presets
+    }
 
 
 def _gns_cmds() -> dict[str, Command]:
-    out = {
-        p: _rex(
-            "simulate",
-            "--scenario",
-            p,
-            "--compare",
-            "fixed,hindsight,pollux,rex",
-            "--seeds",
-            "0-9",
-            "--json",
-        )
-        for p in GNS
-    }
+    out = _gns_compare(GNS)
     out["gns-slow-4096"] = _sim("gns-slow-4096", "--policy rex --seeds 0-2")
     return out
 
 
-def render_gns(data: dict[str, Any]) -> dict[str, str]:
-    """Global batch scaling's time to target against Pollux and the hindsight batch."""
+GNS_LONG_CMDS = _gns_compare(GNS_LONG)
+
+
+def _gns_rows(data: dict[str, Any], presets: tuple[str, ...]) -> list[str]:
+    """Time to target of every batch policy, and rex's paired ratios, one row a preset."""
     rows = [
-        "| preset | fixed `B0` | hindsight (`B`) | Pollux | rex (mean `B`, first change) |"
-        " rex / hindsight | rex / Pollux |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| preset | fixed `B0` | hindsight (`B`) | adaptive oracle | Pollux | Pollux, oracle split"
+        " | rex (mean `B`, first change) | rex / oracle | rex / Pollux, oracle split"
+        " | rex / Pollux |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for p in GNS:
+    for p in presets:
         r = result(data, p)
         pol = r["policies"]
 
@@ -401,18 +402,55 @@ def render_gns(data: dict[str, Any]) -> dict[str, str]:
         first = rex["first_change_step_mean"]
         ratio = {  # rex's time over the policy's, paired by seed
             n: f"{f3(pol[n]['rex_time_ratio'])} {interval(*pol[n]['rex_time_ratio_ci95'])}"
-            for n in ("hindsight", "pollux")
+            for n in ("adaptive-oracle", "pollux-split", "pollux")
         }
         rows.append(
-            f"| `{p}` | {t('fixed')} | {t('hindsight')} ({r['hindsight_batch']}) | {t('pollux')} | "
+            f"| `{p}` | {t('fixed')} | {t('hindsight')} ({r['hindsight_batch']}) | "
+            f"{t('adaptive-oracle')} | {t('pollux')} | {t('pollux-split')} | "
             f"{t('rex')} ({rex['mean_batch_mean']:.0f}, step "
-            f"{'-' if first is None else f'{first:.0f}'}) | {ratio['hindsight']} | "
-            f"{ratio['pollux']} |"
+            f"{'-' if first is None else f'{first:.0f}'}) | {ratio['adaptive-oracle']} | "
+            f"{ratio['pollux-split']} | {ratio['pollux']} |"
         )
+    return rows
+
+
+def _gns_span(data: dict[str, Any], presets: tuple[str, ...], peer: str) -> str:
+    """The range of rex's mean time ratio to ``peer`` over ``presets``: ``0.95-1.02x``."""
+    r = [result(data, p)["policies"][peer]["rex_time_ratio"] for p in presets]
+    return f"{min(r):.2f}-{max(r):.2f}x"
+
+
+def _gns_summary(data: dict[str, Any], presets: tuple[str, ...], what: str) -> str:
+    """One line of rex's time ratios over a set of presets, for the README."""
+    return (
+        f"On the {what}, seeds 0-9, rex's time to the target is "
+        f"{_gns_span(data, presets, 'pollux')} Pollux's, "
+        f"{_gns_span(data, presets, 'pollux-split')} that of Pollux's batch choice with the "
+        f"oracle's split, and {_gns_span(data, presets, 'adaptive-oracle')} the adaptive "
+        "oracle's (means by preset, paired by seed)."
+    )
+
+
+def render_gns_long(data: dict[str, Any]) -> dict[str, str]:
+    """The long workload presets' table (hours at the fixed ``B0``) and its summary."""
+    return {
+        "gns-long-table": "\n".join([*_gns_rows(data, GNS_LONG), "", measured(data)]),
+        "gns-long-summary": _gns_summary(data, GNS_LONG, "long presets (hours at `B0`)"),
+    }
+
+
+def render_gns(data: dict[str, Any]) -> dict[str, str]:
+    """Global batch scaling's time to target against Pollux, its split and the two limits."""
+    rows = _gns_rows(data, GNS)
+    summary = _gns_summary(data, GNS, "short presets (minutes at `B0`)")
     big = result(data, "gns-slow-4096")["policies"]["rex"]
     line = (
         f"At 4096 ranks (`{data['commands']['gns-slow-4096']['command']}`): time to target "
         f"{big['time_to_target_mean']:.1f} s, decisions p99 {big['decision_ms_p99']:.0f} ms; "
         f"the command took {duration(seconds(data, 'gns-slow-4096'))}."
     )
-    return {"gns-table": "\n".join([*rows, "", measured(data)]), "gns-4096": line}
+    return {
+        "gns-table": "\n".join([*rows, "", measured(data)]),
+        "gns-4096": line,
+        "gns-summary": summary,
+    }
