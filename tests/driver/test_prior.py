@@ -10,8 +10,7 @@ import pytest
 from lightning_rex.core.plans.planner import plan_from_device_rates
 from lightning_rex.driver.prior import fit_rate, load_prior
 from lightning_rex.sim.engine import simulate
-from lightning_rex.sim.goodput import oracle_plan
-from lightning_rex.sim.policies import OraclePolicy
+from lightning_rex.sim.policies import OraclePolicy, oracle_plan
 from lightning_rex.sim.schema import load_scenario
 from lightning_rex.sim.trace import run_traced
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor, TQDM
 from lightning.pytorch.loggers import CSVLogger
 from tests.helpers.dist import run_distributed
 from tests.helpers.models import RegModel, flat_params, make_dataset
-from tests.helpers.timing import with_step_times
+from tests.helpers.timing import affine_step_time, step_noise, with_step_times
 from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -64,38 +62,28 @@ def _records(root: str) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ deterministic timings
-def _noise(rank: int, step: int) -> float:
-    u = (zlib.crc32(f"{rank}:{step}".encode()) % 10_000 + 0.5) / 10_000
-    return math.exp(0.05 * math.sqrt(-2 * math.log(u)) * math.cos(2 * math.pi * u * 7.3))
-
-
-def _affine(rank: int, step: int, b: int) -> float:
-    rate = 2000.0 if rank == 0 else 700.0  # samples/s: rank 1 is ~3x slower
-    return (0.002 + b / rate) * _noise(rank, step)
-
-
 def _memory_wall(rank: int, step: int, b: int) -> float:
     # rank 0 falls off a cliff above 40 samples (4x slower), a region the model has never seen
     t = 0.002 + b / (2000.0 if rank == 0 else 700.0)
     if rank == 0 and b > 40:
         t *= 4.0
-    return t * _noise(rank, step)
+    return t * step_noise(rank, step)
 
 
 def _spike(rank: int, step: int, b: int) -> float:
     # equal ranks, but rank 1 takes 3x for one window of 20 steps: [50, 70) follows the
     # default warm-up of 10 steps and the windows [10, 30) and [30, 50)
-    even = (0.002 + b / 2000.0) * _noise(rank, step)
+    even = (0.002 + b / 2000.0) * step_noise(rank, step)
     return even * (3.0 if rank == 1 and 50 <= step < 70 else 1.0)
 
 
 def _scenarios(rank: int, tmp: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # 1. a persistent ~3x slowdown on rank 1, from the even plan. The emulator slows rank 1
-    # for real, but the controller sees the injected times (``_affine``, also ~3x), so what
+    # for real, but the controller sees the injected times (``affine_step_time``, also ~3x), so what
     # it decides does not depend on how loaded the machine is; inline decisions land on
     # their agreed exchange steps
-    sizes, cb = _Sizes(), with_step_times(_affine, window=20, background=False)
+    sizes, cb = _Sizes(), with_step_times(affine_step_time, window=20, background=False)
     emu, root = HeterogeneityEmulator([1.0, 3.0], headroom=1.0), f"{tmp}/slow"
     # a progress bar that never draws: the summary is logged only when there is a bar
     bar = TQDMProgressBar(refresh_rate=0)
@@ -116,7 +104,11 @@ def _scenarios(rank: int, tmp: str) -> dict[str, Any]:
     t.fit(RegModel(), DataLoader(make_dataset(64 * 100), batch_size=32, shuffle=True))
     out["spike"] = {"history": cb.plan_history, "records": _records(root) if rank == 0 else None}
     # 3. monitor-only on plain ddp
-    sizes, cb, root = _Sizes(), with_step_times(_affine, window=20, background=False), f"{tmp}/ddp"
+    sizes, cb, root = (
+        _Sizes(),
+        with_step_times(affine_step_time, window=20, background=False),
+        f"{tmp}/ddp",
+    )
     t = _trainer("ddp", 140, [cb, sizes], root)
     t.fit(RegModel(), DataLoader(make_dataset(64 * 140), batch_size=32, shuffle=True))
     out["ddp"] = {
@@ -221,7 +213,7 @@ def _synthetic(rank: int, tmp: str) -> dict[str, Any]:
     # callback takes it as the plan in force and goes on testing and deciding
     manual, cb, root = (
         _UserPlans(),
-        with_step_times(_affine, window=6, background=False),
+        with_step_times(affine_step_time, window=6, background=False),
         f"{tmp}/m",
     )
     t = _trainer(RexStrategy(max_micro_batch_size=56), 80, [cb, manual], root)
@@ -237,7 +229,7 @@ def _synthetic(rank: int, tmp: str) -> dict[str, Any]:
     def run(ckpt: str | None, root: str) -> tuple[L.Trainer, RexCallback, RegModel]:
         # inline observation: every decision lands on its fixed exchange step, so a resumed
         # run can be compared with an uninterrupted one step for step
-        cb = with_step_times(_affine, window=6, background=False)
+        cb = with_step_times(affine_step_time, window=6, background=False)
         ck = ModelCheckpoint(dirpath=f"{tmp}/ckpt", every_n_train_steps=7, save_top_k=-1)
         tm = ThroughputMonitor(batch_size_fn=lambda b: len(b[0]), window_size=5)
         model = RegModel(opt="adam")
@@ -373,7 +365,7 @@ def test_resume_on_one_rank_from_a_two_rank_checkpoint(
     ckpt = Path(synthetic[0]["full"]["ckpt_dir"]) / "epoch=0-step=21.ckpt"
     ds = make_dataset(64 * 30 + 20)
     model = RegModel(opt="adam")
-    cb = with_step_times(_affine, window=6)
+    cb = with_step_times(affine_step_time, window=6)
     t = quiet_trainer(
         accelerator="cpu",
         devices=1,

@@ -10,7 +10,8 @@ from tests.helpers.workload import workload_scenario
 
 from lightning_rex.sim import goodput
 from lightning_rex.sim.adaptive_oracle import AdaptiveOraclePolicy
-from lightning_rex.sim.goodput import oracle_plan, run_goodput
+from lightning_rex.sim.goodput import run_goodput
+from lightning_rex.sim.policies import oracle_plan
 from lightning_rex.sim.policy import PolicyInfo
 from lightning_rex.sim.schema import load_scenario, scenario_from_dict
 

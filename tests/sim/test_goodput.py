@@ -14,7 +14,8 @@ from lightning_rex.core import build
 from lightning_rex.core.scaling.noise_scale import noise_estimates
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.sim import cli, goodput
-from lightning_rex.sim.goodput import hindsight_batch, oracle_plan, run_goodput
+from lightning_rex.sim.goodput import hindsight_batch, run_goodput
+from lightning_rex.sim.policies import oracle_plan
 from lightning_rex.sim.scenario import ScenarioError
 from lightning_rex.sim.schema import load_scenario, scenario_from_dict, to_dict
 from lightning_rex.sim.workload import GradientNorms, Workload

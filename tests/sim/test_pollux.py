@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from tests.helpers.workload import workload_scenario
 
-from lightning_rex.sim.goodput import oracle_plan, run_goodput
+from lightning_rex.sim.goodput import run_goodput
+from lightning_rex.sim.policies import oracle_plan
 from lightning_rex.sim.policy import PolicyInfo
 from lightning_rex.sim.pollux import PolluxPolicy, Throughput, fit_grad_time, fit_throughput
 from lightning_rex.sim.schema import load_scenario, scenario_from_dict

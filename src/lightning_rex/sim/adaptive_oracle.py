@@ -23,13 +23,11 @@ policy estimates them from noisy steps.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.window import Window
-from lightning_rex.sim.policies import OraclePolicy
+from lightning_rex.sim.policies import oracle_plan, oracle_step_s
 from lightning_rex.sim.policy import PolicyBase, PolicyInfo
 from lightning_rex.sim.scenario import Scenario
 from lightning_rex.sim.workload import Workload
@@ -77,19 +75,12 @@ class AdaptiveOraclePolicy(PolicyBase):
         lo, hi = w.batch_range
         grid = np.geomspace(lo, hi, self.grid).round().astype(np.int64)
         self.batches = np.unique(np.r_[grid, info.global_batch])
-        self.plans: list[Plan] = [self._plan(int(b)) for b in self.batches]
-        self.step_s = np.array(
-            [float(s.compute_times(np.asarray(p), 0).max()) + s.comm for p in self.plans]
-        )
+        self.plans: list[Plan] = [oracle_plan(s, int(b)) for b in self.batches]
+        self.step_s = oracle_step_s(s, self.plans)
         self.progress = 0.0
         self.rollbacks = 0
         self.current = self._best()
         self.start_plan = self.plans[self.current]
-
-    def _plan(self, batch: int) -> Plan:
-        oracle = OraclePolicy(self.scenario)
-        oracle.reset(replace(self.info, global_batch=batch))
-        return oracle.plan_at(0)
 
     def goodput(self, progress: float) -> np.ndarray:
         """Every grid batch's progress per second at ``progress`` (module docstring).

@@ -15,7 +15,7 @@ training measures them. The policies:
 * ``pollux``: Pollux's goodput-optimal batch, re-chosen every 30 s, with its even split
   (:class:`~lightning_rex.sim.pollux.PolluxPolicy`);
 * ``pollux-split``: the same batch choice, each batch split by the oracle's minimax plan
-  (:func:`oracle_plan`): what Pollux's choice reaches once the split is as good as it gets,
+  (:func:`~lightning_rex.sim.policies.oracle_plan`): what Pollux's choice reaches once the split is as good as it gets,
   so that rex against it measures rex's batch choice alone;
 * ``adaptive-oracle``: the goodput-optimal batch and its minimax plan at every step, from
   the true statistics and curves (:class:`~lightning_rex.sim.adaptive_oracle.
@@ -28,6 +28,7 @@ training measures them. The policies:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ import numpy as np
 from lightning_rex.core.plans.plan import Plan, even_plan
 from lightning_rex.sim.adaptive_oracle import AdaptiveOraclePolicy
 from lightning_rex.sim.engine import decider_for, default_loop, run_loop
-from lightning_rex.sim.policies import EvenPolicy, OraclePolicy, RexPolicy
+from lightning_rex.sim.policies import EvenPolicy, RexPolicy, oracle_plan, oracle_step_s
 from lightning_rex.sim.policy import Policy, PolicyInfo
 from lightning_rex.sim.pollux import PolluxPolicy
 from lightning_rex.sim.scenario import Scenario
@@ -125,21 +126,6 @@ def _info(s: Scenario, seed: int, batch: int, batch_range: tuple[int, int] | Non
     )
 
 
-def oracle_plan(s: Scenario, batch: int) -> Plan:
-    """The minimax plan for ``batch`` on the noise-free curves at step 0.
-
-    Args:
-        s: The scenario.
-        batch: The global batch.
-
-    Returns:
-        The plan.
-    """
-    o = OraclePolicy(s)
-    o.reset(_info(s, 0, batch, None))
-    return o.plan_at(0)
-
-
 def hindsight_batch(s: Scenario) -> tuple[int, float]:
     """The fixed global batch with the least noise-free time to the target (a scan).
 
@@ -160,9 +146,7 @@ def hindsight_batch(s: Scenario) -> tuple[int, float]:
     w = _workload(s)
     lo, hi = w.batch_range
     grid = np.unique(np.r_[np.round(np.geomspace(lo, hi, _SCAN)).astype(np.int64), s.global_batch])
-    step_s = np.array(
-        [float(s.compute_times(np.asarray(oracle_plan(s, int(b))), 0).max()) + s.comm for b in grid]
-    )
+    step_s = oracle_step_s(s, [oracle_plan(s, int(b)) for b in grid])
     x = np.array([r[0] for r in w.trace])
     gs, vs = np.array([r[1] for r in w.trace]), np.array([r[2] for r in w.trace])
     progress = np.zeros(grid.size)
@@ -194,13 +178,7 @@ def _policy(name: str, s: Scenario, seed: int, batch: int) -> tuple[Policy, Poli
     elif name == "pollux":
         pol, info = PolluxPolicy(), _info(s, seed, s.global_batch, w.batch_range)
     elif name == "pollux-split":
-        cache: dict[int, Plan] = {}
-
-        def split(b: int) -> Plan:
-            if b not in cache:
-                cache[b] = oracle_plan(s, b)
-            return cache[b]
-
+        split = functools.cache(functools.partial(oracle_plan, s))
         pol, info = PolluxPolicy(split), _info(s, seed, s.global_batch, w.batch_range)
     elif name == "adaptive-oracle":
         pol, info = AdaptiveOraclePolicy(s), _info(s, seed, s.global_batch, w.batch_range)

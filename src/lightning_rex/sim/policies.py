@@ -22,6 +22,7 @@ and rex price that; the baselines are memory-blind.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +30,7 @@ import numpy as np
 
 from lightning_rex.core import build
 from lightning_rex.core.decision import Decision
-from lightning_rex.core.plans.plan import Plan, round_fractions
+from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
 from lightning_rex.core.plans.planner import (
     affine_plan,
     feasible_spread,
@@ -58,6 +59,8 @@ __all__ = [
     "StaticPolicy",
     "ThroughputPolicy",
     "make_policy",
+    "oracle_plan",
+    "oracle_step_s",
 ]
 
 
@@ -351,6 +354,47 @@ class OraclePolicy(PolicyBase):
     def observe(self, window: Window) -> Plan | None:
         """The engine asks :meth:`plan_at` instead."""
         return None
+
+
+def oracle_plan(scenario: Scenario, batch: int) -> Plan:
+    """The minimax plan for ``batch`` on the scenario's noise-free curves at step 0.
+
+    Args:
+        scenario: The scenario (its ranks, size bounds and curves).
+        batch: The global batch.
+
+    Returns:
+        :class:`OraclePolicy`'s plan for ``batch`` at step 0.
+    """
+    s = scenario
+    oracle = OraclePolicy(s)
+    oracle.reset(
+        PolicyInfo(
+            batch,
+            s.world_size,
+            s.window,
+            s.min_size,
+            tuple(s.max_sizes),
+            even_plan(batch, s.world_size),
+            0,
+        )
+    )
+    return oracle.plan_at(0)
+
+
+def oracle_step_s(scenario: Scenario, plans: Sequence[Plan]) -> np.ndarray:
+    """Each plan's noise-free synchronous step time at step 0: slowest rank plus ``comm``.
+
+    Args:
+        scenario: The scenario.
+        plans: The plans to time.
+
+    Returns:
+        Seconds per step, shape ``(len(plans),)``.
+    """
+    return np.array(
+        [float(scenario.compute_times(np.asarray(p), 0).max()) + scenario.comm for p in plans]
+    )
 
 
 def make_policy(name: str, scenario: Scenario) -> Policy:

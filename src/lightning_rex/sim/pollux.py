@@ -38,7 +38,7 @@ What a Pollux job (its PolluxAgent, on a fixed allocation) does, as simulated he
   at the speed of the slowest GPU. ``pollux-split`` (``PolluxPolicy(split=...)``) is our
   variant that separates the two gains rex makes: Pollux's batch choice, unchanged, with
   each chosen batch split by the given rule (the simulator passes the oracle's minimax
-  plan, :func:`~lightning_rex.sim.goodput.oracle_plan`). Its throughput model then sees the
+  plan, :func:`~lightning_rex.sim.policies.oracle_plan`). Its throughput model then sees the
   split's iteration times, as a function of the mean micro-batch ``B / N``.
 * **Learning rate**: AdaScale (Pollux's default for SGD). The simulator's progress model
   (:mod:`lightning_rex.sim.workload`) already assumes a learning rate that follows the batch,
