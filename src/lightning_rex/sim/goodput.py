@@ -15,8 +15,8 @@ training measures them. The policies:
 * ``pollux``: Pollux's goodput-optimal batch, re-chosen every 30 s, with its even split
   (:class:`~lightning_rex.sim.pollux.PolluxPolicy`);
 * ``pollux-split``: the same batch choice, each batch split by the oracle's minimax plan
-  (:func:`~lightning_rex.sim.policies.oracle_plan`): what Pollux's choice reaches once the split is as good as it gets,
-  so that rex against it measures rex's batch choice alone;
+  (:func:`~lightning_rex.sim.policies.oracle_plan`): what Pollux's choice reaches once the
+  split is as good as it gets, so that rex against it measures rex's batch choice alone;
 * ``adaptive-oracle``: the goodput-optimal batch and its minimax plan at every step, from
   the true statistics and curves (:class:`~lightning_rex.sim.adaptive_oracle.
   AdaptiveOraclePolicy`): the limit of the goodput problem;
