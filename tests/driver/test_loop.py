@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import warnings
 import zlib
 from typing import Any
@@ -239,6 +240,24 @@ def test_a_checkpointed_run_continues_exactly() -> None:
     # a resumed fit is a run of its own, linked to the run it continues
     assert resumed.run_id != first.run_id and resumed.resumed_from == first.run_id
     assert {r["resumed_from"] for r in resumed.records} == {first.run_id}
+
+
+def test_a_pickled_checkpoint_with_a_decision_pending_resumes() -> None:
+    # torch.save pickles the state as it is, tuples and all (JSON makes them lists): a save
+    # between a gather (step 19) and its exchange (step 24) holds the pending decision
+    full, target = make(LocalCollectives(2))
+    full.start(0, ["cpu", "cpu"])
+    drive(full, target, range(60), [0, 1])
+    first, t1 = make(LocalCollectives(2))
+    first.start(0, ["cpu", "cpu"])
+    drive(first, t1, range(22), [0, 1])
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    assert state["pending"] and isinstance(state["pending"][0]["info"]["even_step_s"], tuple)
+    resumed, t2 = make(LocalCollectives(2))
+    t2.plan_schedule.load_state_dict(pickle.loads(pickle.dumps(t1.plan_schedule.state_dict())))
+    resumed.start(22, ["cpu", "cpu"], state)
+    drive(resumed, t2, range(22, 60), [0, 1])
+    assert strip(first.records + resumed.records) == strip(full.records)
 
 
 def _saved_mid_window() -> dict[str, Any]:

@@ -192,7 +192,7 @@ def pending_from_state(
     )
     even = info.get("even_step_s")
     if even is not None:
-        if not (isinstance(even, list) and len(even) == 3):
+        if not (isinstance(even, (list, tuple)) and len(even) == 3):
             raise StateError(f"{name}.info.even_step_s", f"must be 3 numbers or null, got {even!r}")
         clean["even_step_s"] = [real(v, f"{name}.info.even_step_s") for v in even]
     decision = Decision.from_dict(field(d, "decision", name), f"{name}.decision")
