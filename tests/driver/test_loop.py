@@ -221,20 +221,27 @@ def test_a_plan_set_from_outside_restarts_the_window_and_is_adopted() -> None:
     assert target.plan_schedule.entries[1] == (15, (40, 24))
 
 
-def test_a_checkpointed_run_continues_exactly() -> None:
+def _resume_at(
+    save: int, stop: int, round_trip: Any
+) -> tuple[WindowDriver, WindowDriver, WindowDriver, ScheduleTarget, ScheduleTarget, Any]:
+    """An uninterrupted fit to ``stop``, and one saved at ``save`` (through ``round_trip``)
+    and resumed: (full, first, resumed, full's target, resumed's target, the saved state)."""
     full, target = make(LocalCollectives(2))
     full.start(0, ["cpu", "cpu"])
-    drive(full, target, range(150), [0, 1])
-
+    drive(full, target, range(stop), [0, 1])
     first, t1 = make(LocalCollectives(2))
     first.start(0, ["cpu", "cpu"])
-    drive(first, t1, range(57), [0, 1])
-    state = json.loads(json.dumps(first.state_dict()))
-    schedule = json.loads(json.dumps(t1.plan_schedule.state_dict()))
+    drive(first, t1, range(save), [0, 1])
+    state = round_trip(first.state_dict())
     resumed, t2 = make(LocalCollectives(2))
-    t2.plan_schedule.load_state_dict(schedule)
-    resumed.start(57, ["cpu", "cpu"], state)
-    drive(resumed, t2, range(57, 150), [0, 1])
+    t2.plan_schedule.load_state_dict(round_trip(t1.plan_schedule.state_dict()))
+    resumed.start(save, ["cpu", "cpu"], state)
+    drive(resumed, t2, range(save, stop), [0, 1])
+    return full, first, resumed, target, t2, state
+
+
+def test_a_checkpointed_run_continues_exactly() -> None:
+    full, first, resumed, target, t2, _ = _resume_at(57, 150, lambda d: json.loads(json.dumps(d)))
     assert t2.plan_schedule.entries == target.plan_schedule.entries
     assert strip(first.records + resumed.records) == strip(full.records)
     # a resumed fit is a run of its own, linked to the run it continues
@@ -245,18 +252,8 @@ def test_a_checkpointed_run_continues_exactly() -> None:
 def test_a_pickled_checkpoint_with_a_decision_pending_resumes() -> None:
     # torch.save pickles the state as it is, tuples and all (JSON makes them lists): a save
     # between a gather (step 19) and its exchange (step 24) holds the pending decision
-    full, target = make(LocalCollectives(2))
-    full.start(0, ["cpu", "cpu"])
-    drive(full, target, range(60), [0, 1])
-    first, t1 = make(LocalCollectives(2))
-    first.start(0, ["cpu", "cpu"])
-    drive(first, t1, range(22), [0, 1])
-    state = pickle.loads(pickle.dumps(first.state_dict()))
+    full, first, resumed, _, _, state = _resume_at(22, 60, lambda d: pickle.loads(pickle.dumps(d)))
     assert state["pending"] and isinstance(state["pending"][0]["info"]["even_step_s"], tuple)
-    resumed, t2 = make(LocalCollectives(2))
-    t2.plan_schedule.load_state_dict(pickle.loads(pickle.dumps(t1.plan_schedule.state_dict())))
-    resumed.start(22, ["cpu", "cpu"], state)
-    drive(resumed, t2, range(22, 60), [0, 1])
     assert strip(first.records + resumed.records) == strip(full.records)
 
 
