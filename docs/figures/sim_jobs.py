@@ -324,22 +324,27 @@ SIM4096_CMDS = {
     "no-prior": _rex(
         "simulate", *FOUR, "--compare", "proportional,rex", "--seeds", "1-2", "--json"
     ),
-    "warmup-3": _rex(
+    "defaults": _rex(
+        "simulate", *FOUR, "--compare", "proportional,rex", "--seeds", "0-9", "--json"
+    ),
+    "fixed-10": _rex(
         "simulate",
         *FOUR,
         "--compare",
         "proportional,rex",
         "--seeds",
-        "0-5",
+        "0-9",
         "--warmup",
-        "3",
+        "10",
+        "--max-warmup",
+        "0",
         "--json",
     ),
 }
 
 
 def render_4096(data: dict[str, Any]) -> dict[str, str]:
-    """The first minutes at 4096 ranks: a prior, a shorter warm-up."""
+    """The first minutes at 4096 ranks: a prior, the warm-up at speed against a fixed one."""
     rows = [
         "| run | command | rex, whole run (steady) | plan changes | proportional |",
         "| --- | --- | --- | --- | --- |",
@@ -347,7 +352,8 @@ def render_4096(data: dict[str, Any]) -> dict[str, str]:
     labels = {
         "no-prior": "no prior (seeds 1-2)",
         "prior": "seed 0's log as the prior (seeds 1-2)",
-        "warmup-3": "3 warm-up steps (seeds 0-5)",
+        "defaults": "defaults (seeds 0-9)",
+        "fixed-10": "a fixed 10-step warm-up, the former default (seeds 0-9)",
     }
     for key, label in labels.items():
         pol = result(data, key)["policies"]

@@ -11,6 +11,7 @@ import math
 import pickle
 import warnings
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -461,3 +462,101 @@ def test_a_prior_gives_a_fresh_fit_its_first_plan_and_a_resume_keeps_its_own() -
     t3.plan_schedule.load_state_dict(json.loads(json.dumps(target.plan_schedule.state_dict())))
     resumed.start(60, ["fast", "slow"], state, prior={"fast": [1.0, 0.0], "slow": [1e4, 0.0]})
     assert t3.plan_schedule.entries == target.plan_schedule.entries
+
+
+# ------------------------------------------------------------------ the warm-up at speed
+def _warming_cluster() -> Any:
+    from lightning_rex.sim import scenario_from_dict
+
+    fast = {"rate": 3000.0, "overhead_s": 0.002, "device": "fast"}
+    slow = {"rate": 1000.0, "overhead_s": 0.002, "device": "slow"}
+    kind = [0, 1, 2, 3]  # the fast kind still compiling: 4x for steps 0-2, 2x at step 3
+    return scenario_from_dict(
+        {
+            "global_batch": 256,
+            "steps": 300,
+            "window": 30,
+            "ranks": [fast] * 4 + [slow] * 4,
+            "noise": {"cv": 0.05, "ar1": 0.3},
+            "events": [
+                {"ranks": kind, "start": 0, "end": 4, "factor": 2.0},
+                {"ranks": kind, "start": 0, "end": 3, "factor": 2.0},
+            ],
+        },
+        name="warming",
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_warm_up_lasts_until_every_rank_is_at_speed(seed: int) -> None:
+    from lightning_rex.sim.engine import default_loop, simulate
+    from lightning_rex.sim.policies import RexPolicy
+
+    scen, runs = _warming_cluster(), {}
+    for name, max_warmup in (("adaptive", None), ("fixed", 0)):
+        pol = RexPolicy()
+        runs[name] = simulate(scen, pol, seed, loop=default_loop(scen, pol, max_warmup=max_warmup))
+    first = runs["adaptive"].records[0]
+    # the first look (steps 1-5) still had the fast kind slowing down: dropped, for all ranks
+    assert first["window"][0] == first["warmup_steps"] == 6
+    assert first["decision"] == "propose" and first["new_plan"][0] > first["new_plan"][4]
+    # a fixed one-step warm-up let the transient into the first look, which hid the imbalance
+    fixed = runs["fixed"].records
+    assert fixed[0]["window"] == [1, 6] and fixed[0]["decision"] == "hold"
+    assert fixed[0]["warmup_steps"] == 1 and all(r["warmup_steps"] is None for r in fixed[1:])
+    assert runs["adaptive"].changes[0][0] < runs["fixed"].changes[0][0]
+    assert runs["adaptive"].total_time_s < runs["fixed"].total_time_s
+
+
+def test_a_warm_up_that_never_settles_ends_at_max_warmup() -> None:
+    from lightning_rex.sim import scenario_from_dict
+    from lightning_rex.sim.engine import default_loop, simulate
+    from lightning_rex.sim.policies import EvenPolicy
+
+    # every rank 2x slower at the start of each 5-step block, for ever: never at speed
+    events = [
+        {"ranks": list(range(4)), "start": s, "end": s + 2, "factor": 3.0} for s in range(1, 200, 5)
+    ]
+    scen = scenario_from_dict(
+        {
+            "global_batch": 32,
+            "steps": 200,
+            "window": 5,
+            "ranks": [{"rate": 1e3}] * 4,
+            "events": events,
+        },
+        name="never",
+    )
+    pol = EvenPolicy()
+    loop = replace(default_loop(scen, pol), max_warmup=41)
+    records = simulate(scen, pol, 0, loop=loop).records
+    # each block is judged still warming; the one that reaches step 41 is taken all the same
+    assert records[0]["window"] == [36, 41] and records[0]["warmup_steps"] == 36
+
+
+def test_a_checkpoint_inside_the_warm_up_resumes_it() -> None:
+    def warming(rank: int, step: int, b: int) -> float:  # rank 1 compiles, then recompiles
+        compiling = rank == 1 and 1 <= step % 10 <= 5 and step < 16
+        return affine(rank, step, b) * (4.0 if compiling else 1.0)
+
+    def fit(stop: int, state: Any = None, start: int = 0) -> tuple[WindowDriver, ScheduleTarget]:
+        d, t = make(LocalCollectives(2), warmup=1)
+        if state is not None:
+            t.plan_schedule.load_state_dict(state[1])
+        d.start(start, ["cpu", "cpu"], None if state is None else state[0])
+        drive(d, t, range(start, stop), [0, 1], warming)
+        return d, t
+
+    full, _ = fit(60)
+    # blocks [1, 11) and [11, 21) each have rank 1 slower in their first half: dropped
+    assert full.records[0]["window"] == [21, 31] and full.records[0]["warmup_steps"] == 21
+    first, t1 = fit(15)
+    saved = json.loads(json.dumps([first.state_dict(), t1.plan_schedule.state_dict()]))
+    assert saved[0]["warm_until"] == 200 and saved[0]["fit_start"] == 0
+    resumed, _ = fit(60, saved, 15)
+    assert not first.records and strip(resumed.records) == strip(full.records)
+    # a checkpoint from before the adaptive warm-up resumes with the warm-up over
+    old = json.loads(json.dumps(saved))
+    del old[0]["warm_until"], old[0]["fit_start"]
+    legacy, _ = fit(60, old, 15)
+    assert legacy.records[0]["window"] == [11, 21] and legacy.records[0]["warmup_steps"] is None

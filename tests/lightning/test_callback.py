@@ -143,7 +143,10 @@ def test_persistent_slowdown_gets_a_better_plan_within_a_few_windows(
     plan_at = lambda s: [p for st, p in schedule if st <= s][-1]  # noqa: E731
     for (s0, b0), (s1, b1) in zip(r0["sizes"], r1["sizes"]):
         assert s0 == s1 and (b0, b1) == plan_at(s0)
-    assert r0["records"][0]["window"][0] >= 10  # the default warm-up is not measured
+    # the warm-up (one step, then until the steps are at speed) is not measured, and logged
+    first_record = r0["records"][0]
+    assert first_record["window"][0] == first_record["warmup_steps"] >= 1
+    assert all(r["warmup_steps"] is None for r in r0["records"][1:])
     # the emulator ran inside rex's steps: only the slowed rank waited
     assert r0["emulated_delay_s"] == 0.0 and r1["emulated_delay_s"] > 0.0
     kinds = [r["decision"] for r in r0["records"]]
@@ -228,8 +231,9 @@ def _synthetic(rank: int, tmp: str) -> dict[str, Any]:
     # uninterrupted vs resumed, with loggers, checkpoints every 7 steps and uneven plans
     def run(ckpt: str | None, root: str) -> tuple[L.Trainer, RexCallback, RegModel]:
         # inline observation: every decision lands on its fixed exchange step, so a resumed
-        # run can be compared with an uninterrupted one step for step
-        cb = with_step_times(affine_step_time, window=6, background=False)
+        # run can be compared with an uninterrupted one step for step; 10 warm-up steps put
+        # the windows where this run's noise lets 6-step windows find the 4x imbalance
+        cb = with_step_times(affine_step_time, window=6, background=False, warmup=10)
         ck = ModelCheckpoint(dirpath=f"{tmp}/ckpt", every_n_train_steps=7, save_top_k=-1)
         tm = ThroughputMonitor(batch_size_fn=lambda b: len(b[0]), window_size=5)
         model = RegModel(opt="adam")

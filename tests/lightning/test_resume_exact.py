@@ -36,7 +36,7 @@ class _EqualTimes(Callback):
 
 def _plain(rank: int, tmp: str, ckpt: str | None) -> dict[str, Any]:
     model = RegModel(opt="adam")
-    ck = ModelCheckpoint(dirpath=f"{tmp}/ckpt", every_n_train_steps=21, save_top_k=-1)
+    ck = ModelCheckpoint(dirpath=f"{tmp}/ckpt", every_n_train_steps=23, save_top_k=-1)
     t = quiet_trainer(
         strategy="rex",
         max_steps=40,
@@ -51,21 +51,23 @@ def _plain(rank: int, tmp: str, ckpt: str | None) -> dict[str, Any]:
 
 def test_plain_rex_with_step_checkpoints_resumes_exactly(tmp_path: Path) -> None:
     full = run_distributed(_plain, str(tmp_path / "full"), None)
-    path = tmp_path / "full" / "ckpt" / "epoch=0-step=21.ckpt"
+    path = tmp_path / "full" / "ckpt" / "epoch=0-step=23.ckpt"
     resumed = run_distributed(_plain, str(tmp_path / "resumed"), str(path))
     for r in range(2):
         assert full[r]["order"] == ["RexCallback", "ModelCheckpoint"]
-        assert resumed[r]["seen"] == [s for s in full[r]["seen"] if s[1] >= 21]
+        assert resumed[r]["seen"] == [s for s in full[r]["seen"] if s[1] >= 23]
         # a plan only splits each global batch: the weights agree to rounding
         assert (resumed[r]["params"] - full[r]["params"]).abs().max().item() < 1e-10
-    # the checkpoint taken at step 21 holds the callback's state of that step: after the
-    # warm-up of 10 steps, the first segment (steps 10-19; three looks per window of 30) was
-    # gathered and is the first third of the controller's window; the segment being filled
-    # has step 20 (the last one trained)
+    # the checkpoint taken at step 23 holds the callback's state of that step: after the
+    # warm-up (one step; the equal times are at speed, so it ends there), the first two
+    # segments (steps 1-10 and 11-20; three looks per window of 30) were gathered and are
+    # the first two thirds of the controller's window; the segment being filled has steps
+    # 21 and 22 (the last one trained)
     state = torch.load(path, weights_only=False)["callbacks"]["RexCallback"]
-    assert state["steps"] == [20]
+    assert state["steps"] == [21, 22]
+    assert state["warm_until"] is None and state["fit_start"] is None
     partial = state["controller"]["segments"]
-    assert [(s["start"], s["end"]) for s in partial] == [(10, 20)]
+    assert [(s["start"], s["end"]) for s in partial] == [(1, 11), (11, 21)]
 
 
 def _key(rank: int) -> str:

@@ -60,11 +60,11 @@ def test_same_noise_for_every_policy():
 
 
 def test_metrics_of_a_user_policy():
-    # windows of 30 after a warm-up of 10: the 7th is [190, 220); its decision is exchanged
-    # decision_lag = 15 steps later, at 234, and the plan is in force from 235; the event
-    # started at 150: ceil((235 - 150) / 30) = 3 windows
+    # windows of 30 after a warm-up of 1 (the steps are at speed at once): the 7th is
+    # [181, 211); its decision is exchanged decision_lag = 15 steps later, at 225, and the
+    # plan is in force from 226; the event started at 150: ceil((226 - 150) / 30) = 3 windows
     t = simulate(SCEN, ChangeAt(6, (20, 44)), 0)
-    assert t.changes == [(235, (20, 44), (32, 32))]
+    assert t.changes == [(226, (20, 44), (32, 32))]
     r = run(SCEN, ChangeAt(6, (20, 44)), 0)
     assert r.rescales == 1
     assert r.detection_delay_windows == [3]
@@ -73,7 +73,7 @@ def test_metrics_of_a_user_policy():
     # plan is (30, 34), and the even plan in force was 5% off it, so the change is not false
     assert r.false_rescales == 0
     # a change before the event, while even is far from the oracle, is not false either; it
-    # applies from step 55, and the run never stays near the oracle: the event at 150 makes
+    # applies from step 46, and the run never stays near the oracle: the event at 150 makes
     # (48, 16) slow again, and no later change follows
     early = run(SCEN, ChangeAt(0, (48, 16)), 0)
     assert early.false_rescales == 0 and early.time_to_90pct_windows is None
@@ -112,12 +112,12 @@ class Plans:
 
 
 def test_time_to_90pct_is_where_the_run_stays_there():
-    # (48, 16) is near the oracle from step 55 until the event at 150 slows rank 0 threefold;
-    # the event's plan (30, 34) is in force from 220, so the chunk [210, 240) is still off,
-    # and the first chunk from which the run stays within 90% is [240, 270): index 8, not 2
+    # (48, 16) is near the oracle from step 46 until the event at 150 slows rank 0 threefold;
+    # the event's plan (30, 34) is in force from 196, so the chunk [180, 210) is still off,
+    # and the first chunk from which the run stays within 90% is [210, 240): index 7, not 2
     r = run(SCEN, Plans({0: (48, 16), 5: (30, 34)}), 0)
     assert r.rescales == 2 and r.plan_changes == 2
-    assert r.time_to_90pct_windows == 8
+    assert r.time_to_90pct_windows == 7
     # a run that ends below 90% never got there
     assert run(SCEN, Plans({0: (48, 16)}), 0).time_to_90pct_windows is None
 

@@ -5,7 +5,8 @@ The state is plain JSON-able data (``version`` 2)::
     {"version", "run_id", "world_size", "global_batch",
      "skip_until", "exchange_at", "steps", "window_plan", "partial",   # the window so far
      "pending",                                                         # decisions not exchanged
-     "dropped", "first_look", "controller", "device_rates"}
+     "dropped", "first_look", "warm_until", "fit_start",               # a fit's start
+     "controller", "device_rates"}
 
 :func:`check_state` checks every field against the run before anything is restored: a
 partial window with one row of the same length per rank, steps in order, a window plan
@@ -53,7 +54,13 @@ __all__ = [
 ]
 
 STATE_VERSION = 2
-_INFO_KEYS = ("global_samples_per_s", "window_samples", "window_wall_s", "dropped_samples")
+_INFO_KEYS = (
+    "global_samples_per_s",
+    "window_samples",
+    "window_wall_s",
+    "dropped_samples",
+    "warmup_steps",
+)
 
 
 def loop_state(
@@ -68,6 +75,8 @@ def loop_state(
     pending: list[dict[str, Any]],
     dropped: int,
     first_look: bool,
+    warm_until: int | None,
+    fit_start: int | None,
     controller: Any,
     rates: dict[str, list[float]],
 ) -> dict[str, Any]:
@@ -84,6 +93,9 @@ def loop_state(
         pending: The decisions not yet exchanged (:func:`pending_to_state`).
         dropped: Samples dropped so far.
         first_look: Whether the first look of the fit is still to come.
+        warm_until: The step at which an adaptive warm-up still going on ends at the latest,
+            or None once it has ended.
+        fit_start: The fit's first step, until its first window is recorded; else None.
         controller: The decider's state (rank 0), or None.
         rates: Fitted rates per device identity.
 
@@ -103,6 +115,8 @@ def loop_state(
         "pending": pending,
         "dropped": dropped,
         "first_look": first_look,
+        "warm_until": warm_until,
+        "fit_start": fit_start,
         "controller": controller,
         "device_rates": rates,
     }
@@ -190,6 +204,7 @@ def pending_from_state(
     clean["dropped_samples"] = (
         optional(clean["dropped_samples"], whole, f"{name}.info.dropped_samples", 0) or 0
     )
+    clean["warmup_steps"] = optional(clean["warmup_steps"], whole, f"{name}.info.warmup_steps", 0)
     even = info.get("even_step_s")
     if even is not None:
         if not (isinstance(even, (list, tuple)) and len(even) == 3):
@@ -306,6 +321,9 @@ def check_state(
     out["dropped"] = whole(field(s, "dropped", name), f"{name}.dropped", 0)
     # absent from checkpoints written before the first look existed: nothing left to do early
     out["first_look"] = flag(s.get("first_look", False), f"{name}.first_look")
+    # absent from checkpoints written before the adaptive warm-up: it has ended
+    out["warm_until"] = optional(s.get("warm_until"), whole, f"{name}.warm_until", 0)
+    out["fit_start"] = optional(s.get("fit_start"), whole, f"{name}.fit_start", 0, step)
     ctl = field(s, "controller", name)
     if ctl is not None and check_decider is not None:
         ctl = check_decider(ctl, global_batch, world_size)

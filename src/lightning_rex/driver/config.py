@@ -23,8 +23,8 @@ class LoopConfig:
         decision_lag: Steps from a window's (or segment's) end to the exchange of its
             decision, and between polls for a decision not ready yet; None for
             ``segment // 2``. In ``[1, segment)``.
-        warmup: Steps at the start of a fit that are not measured (>= 0); not applied again
-            when resuming on the same world size.
+        warmup: Steps at the start of a fit that are never measured (>= 0); not applied
+            again when resuming on the same world size.
         background: Run the decider in a background thread on rank 0 (training never waits
             for it); False runs it inline, so every decision lands on a step fixed in advance.
         apply_plans: Apply decisions; False is monitor-only (proposals become
@@ -42,6 +42,11 @@ class LoopConfig:
         estimate: After every window, record the decider's estimate of the even split's
             step time (``even_step_ms`` in the record: what the report sets the measured
             throughput against). The simulator, which knows the true times, turns it off.
+        max_warmup: The most steps the warm-up may last (an integer >= 0). After ``warmup``
+            steps it goes on while rank 0 finds, in a gathered block, any rank's steps
+            still getting faster (:func:`~lightning_rex.core.stats.at_speed.warming_ranks`):
+            the block is dropped and the next one judged, until every rank is at speed or
+            the block ends at ``max_warmup``. ``max_warmup <= warmup``: a fixed warm-up.
 
     Raises:
         ValueError: Naming the argument, for values outside those ranges.
@@ -49,13 +54,14 @@ class LoopConfig:
 
     window: int = 30
     decision_lag: int | None = None
-    warmup: int = 10
+    warmup: int = 1
     background: bool = True
     apply_plans: bool = True
     min_steps: int = 5
     looks: int = 1
     first_look: int | None = None
     estimate: bool = True
+    max_warmup: int = 200
 
     def __post_init__(self) -> None:
         if not (is_integer(self.window) and self.window >= 5):
@@ -73,6 +79,8 @@ class LoopConfig:
             )
         if not (is_integer(self.warmup) and self.warmup >= 0):
             raise ValueError(f"warmup must be an integer >= 0 steps, got {self.warmup!r}")
+        if not (is_integer(self.max_warmup) and self.max_warmup >= 0):
+            raise ValueError(f"max_warmup must be an integer >= 0 steps, got {self.max_warmup!r}")
         if not (is_integer(self.min_steps) and 1 <= self.min_steps <= self.segment):
             raise ValueError(
                 f"min_steps must be in [1, segment={self.segment}], got {self.min_steps}"

@@ -30,6 +30,7 @@ from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.planner import device_rates
 from lightning_rex.core.plans.schedule import SizeBounds
+from lightning_rex.core.stats.at_speed import warming_ranks
 from lightning_rex.driver.checkpoint import check_state, loop_state, pending_to_state
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.errors import Failures
@@ -112,6 +113,9 @@ class WindowDriver:
         self._failures = Failures()
         self._skip_until, self._exchange_at = 0, None  # type: tuple[int, int | None]
         self._first_look = False  # the next gather is a fresh fit's first look
+        # rank 0: the warm-up goes on until a gathered block is at speed, or this step
+        self._warm_until: int | None = None
+        self._fit_start: int | None = None  # a fresh fit's first step, until its first window
         self._samples: list[Any] = []
         self._steps: list[int] = []
         self._window_plan: Plan | None = None
@@ -211,6 +215,7 @@ class WindowDriver:
         self.run_id = joined.run_id
         self.resumed_from = None if saved is None else saved["run_id"]
         plan = sched.plan_at(step)
+        self._fit_start, self._warm_until = None, None
         same = saved is not None and saved["continues"]
         self.continued = None if saved is None else same
         # rates measured before (a resume on another world size) or given (a fresh start's
@@ -233,9 +238,13 @@ class WindowDriver:
             ]
             self.dropped = saved["dropped"]
             self._first_look = saved["first_look"]
+            self._warm_until, self._fit_start = saved["warm_until"], saved["fit_start"]
             self._resumed_window = bool(self._steps)  # its wall time began in another run
         else:
             self._skip_until = max(self._skip_until, step + self.config.warmup)
+            self._fit_start = step
+            if self.config.max_warmup > self.config.warmup:
+                self._warm_until = step + self.config.max_warmup
             kinds = np.unique(self.device_keys, return_counts=True)[1]  # a first look tests kinds
             self._first_look = int((kinds >= 2).sum()) >= 2
         if self.is_rank_zero:
@@ -321,6 +330,12 @@ class WindowDriver:
         self.dropped += bad
         if int(good.sum()) < self.config.min_steps:
             return
+        if self._warm_until is not None:
+            if self._steps[-1] + 1 < self._warm_until and warming_ranks(times[:, good]).any():
+                return  # still warming up: the next block is judged
+            self._warm_until = None
+        warmup = None if self._fit_start is None else self._steps[0] - self._fit_start
+        self._fit_start = None
         wall = math.nan if self._resumed_window else self._clock() - self._t0
         window = window_of(times, self._window_plan, self._steps, good, wall)
         self._resumed_window = False
@@ -331,6 +346,7 @@ class WindowDriver:
             "window_wall_s": None if math.isnan(wall) else wall,
             "global_samples_per_s": samples / wall if wall > 0 else None,
             "dropped_samples": bad,
+            "warmup_steps": warmup,
         }
         caps = None if bool((caps_col < 0).all()) else [None if c < 0 else int(c) for c in caps_col]
         self.observer.submit(window, info, caps, due)
@@ -461,6 +477,8 @@ class WindowDriver:
             pending=pending,
             dropped=self.dropped,
             first_look=self._first_look,
+            warm_until=self._warm_until,
+            fit_start=self._fit_start,
             controller=controller,
             rates=rates,
         )

@@ -82,8 +82,9 @@ def build_record(
         decision: The decider's decision on it.
         info: The window's extras: ``telemetry`` (per rank, or None),
             ``global_samples_per_s``, ``window_samples``, ``window_wall_s``,
-            ``dropped_samples``, the decider's ``even_step_s`` estimate (or None) and, when
-            training waited for the decision at a poll after its exchange,
+            ``dropped_samples``, ``warmup_steps`` (on a fresh fit's first window: the steps
+            the warm-up lasted; None elsewhere), the decider's ``even_step_s`` estimate (or
+            None) and, when training waited for the decision at a poll after its exchange,
             ``exchange_wait_s``.
         kind: The decision as applied: the decision's kind, or ``"recommend"`` for a
             proposal that monitor-only use did not apply.
@@ -126,6 +127,7 @@ def build_record(
         "window_samples": info.get("window_samples"),
         "window_wall_s": info.get("window_wall_s"),
         "dropped_samples": int(info.get("dropped_samples", 0)),
+        "warmup_steps": info.get("warmup_steps"),
         "exchange_wait_ms": _ms(info.get("exchange_wait_s")),
         "even_step_ms": _even_ms(info.get("even_step_s")),
         "telemetry": telemetry,

@@ -64,9 +64,13 @@ class RexCallback(Callback):
         background: Run ``Controller.observe`` in a background thread on rank 0 (training
             never waits for it); False runs it inline at the window's end, so every
             decision lands on a step fixed in advance (deterministic, may stall).
-        warmup: Steps at the start of a fit that are not measured (>= 0): the first steps
-            time allocator warm-up, cuDNN autotuning or ``torch.compile``, not a rank's
+        warmup: Steps at the start of a fit that are never measured (>= 0): the first step
+            times lazy initialisation, ``torch.compile`` and cuDNN autotuning, not a rank's
             speed. Not applied again when resuming on the same world size.
+        max_warmup: The most steps the warm-up may last (>= 0). After ``warmup`` steps it
+            goes on while any rank's steps are still getting faster: a gathered block whose
+            first half runs slower than its second by more than noise is dropped, and the
+            next one judged (see docs/callback.md). ``max_warmup <= warmup``: a fixed count.
         seed: The controller's seed.
         pool_by_device: Ranks whose devices have the same identity (a GPU's name, or
             ``"cpu"``) share evidence in the time model: partial pooling, the device's
@@ -114,6 +118,7 @@ class RexCallback(Callback):
         decision_lag: int | None = None,
         background: bool = _L.background,
         warmup: int = _L.warmup,
+        max_warmup: int = _L.max_warmup,
         seed: int = _D.seed,
         pool_by_device: bool = _D.pool_by_device,
         log_dir: str | None = None,
@@ -126,7 +131,9 @@ class RexCallback(Callback):
     ) -> None:
         # the loop first: its messages name the window and the looks
         n_looks = looks if looks is not None else default_looks(window) if is_integer(window) else 1
-        self.loop = LoopConfig(window, decision_lag, warmup, background, looks=n_looks)
+        self.loop = LoopConfig(
+            window, decision_lag, warmup, background, looks=n_looks, max_warmup=max_warmup
+        )
         self.settings = DecisionSettings(
             alpha=alpha,
             min_effect=min_effect,

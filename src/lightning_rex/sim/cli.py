@@ -15,9 +15,9 @@ With ``--json`` stdout holds exactly one JSON object,
 prints aggregates instead (mean/min efficiency over the whole run and at steady state,
 false rescales per 10,000 steps, the share of events acted on within 3 windows, decision
 latency); ``--cv`` / ``--ar1`` / ``--steps`` override the scenario, and ``--warmup`` /
-``--decision-lag`` the window loop's settings (to see what each of training's costs takes
-from a policy). ``--trace DIR`` also writes every run's window records (the format of
-training's ``rex_decisions.jsonl``) and ``DIR/summary.json``, which
+``--max-warmup`` / ``--decision-lag`` the window loop's settings (to see what each of
+training's costs takes from a policy). ``--trace DIR`` also writes every run's window
+records (the format of training's ``rex_decisions.jsonl``) and ``DIR/summary.json``, which
 ``python -m lightning_rex report DIR`` plots (see :mod:`lightning_rex.sim.trace`).
 
 On a scenario with a ``workload`` (the ``gns-*`` presets), the policies are global batch
@@ -92,7 +92,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="override the seconds a new micro-batch shape costs (0: free)",
     )
     p.add_argument(
-        "--warmup", type=int, default=None, help="override the loop's warm-up steps (default 10)"
+        "--warmup", type=int, default=None, help="override the loop's warm-up steps (default 1)"
+    )
+    p.add_argument(
+        "--max-warmup",
+        type=int,
+        default=None,
+        help="override the most steps the warm-up lasts while steps get faster (default 200)",
     )
     p.add_argument(
         "--decision-lag",
@@ -253,7 +259,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         for n in names:
             pol = make_policy(n, scen)
-            loops[n] = default_loop(scen, pol, warmup=args.warmup, decision_lag=args.decision_lag)
+            loops[n] = default_loop(
+                scen,
+                pol,
+                warmup=args.warmup,
+                decision_lag=args.decision_lag,
+                max_warmup=args.max_warmup,
+            )
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2

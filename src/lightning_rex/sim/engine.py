@@ -270,6 +270,7 @@ def default_loop(
     *,
     warmup: int | None = None,
     decision_lag: int | None = None,
+    max_warmup: int | None = None,
 ) -> LoopConfig:
     """The window loop the simulator runs: training's defaults, with the scenario's window.
 
@@ -277,8 +278,10 @@ def default_loop(
         scenario: The scenario.
         policy: The policy; its ``looks_for(window)`` (looks per window) sets how often the
             loop gathers; None: once per window.
-        warmup: Unmeasured steps at the start; None for training's default (10).
+        warmup: Unmeasured steps at the start; None for training's default (1).
         decision_lag: Steps from a gather to the exchange; None for ``segment // 2``.
+        max_warmup: The most steps the warm-up lasts while steps get faster; None for
+            training's default (see :class:`~lightning_rex.driver.config.LoopConfig`).
 
     Returns:
         ``window`` from the scenario, the policy's looks, inline decisions.
@@ -291,6 +294,7 @@ def default_loop(
         window=scenario.window,
         decision_lag=decision_lag,
         warmup=LoopConfig.warmup if warmup is None else warmup,
+        max_warmup=LoopConfig.max_warmup if max_warmup is None else max_warmup,
         background=False,
         looks=1 if policy is None else int(policy.looks_for(scenario.window)),
         estimate=False,  # the engine knows the true times: the oracle is its baseline

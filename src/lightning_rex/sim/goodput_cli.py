@@ -97,7 +97,7 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
     """
     unsupported = [
         f"--{k.replace('_', '-')}"
-        for k in ("trace", "warmup", "decision_lag")
+        for k in ("trace", "warmup", "max_warmup", "decision_lag")
         if getattr(args, k) is not None
     ]
     try:
