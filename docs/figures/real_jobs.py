@@ -359,6 +359,11 @@ def _constants() -> str:
             persistence.COLD_START_LEVEL,
         ),
         (
+            "most ranks at which a cold start also t-tests single ranks",
+            "`persistence.T_TEST_MAX_RANKS`",
+            persistence.T_TEST_MAX_RANKS,
+        ),
+        (
             "an early look's level, a fraction of a window's",
             "`looks.EARLY_LEVEL`",
             looks.EARLY_LEVEL,

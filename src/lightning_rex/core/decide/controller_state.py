@@ -149,12 +149,13 @@ class ControllerState:
         self.reference = medians
 
     def mark_changes(self, flagged: list[int], model: RankTimeModel, min_effect: float) -> None:
-        """Flagged ranks whose curve changed get their older observations discounted.
+        """Ranks whose curve changed get their older observations discounted.
 
         A rank changed when its recent median sits more than ``min_effect`` from what the model
         predicts at its current size, or from its median when the plan was accepted, beyond
         three standard errors of the difference (a window median is noisy, and a false change
-        point makes a rank forget what it has measured).
+        point makes a rank forget what it has measured). Once a flagged rank changed, every
+        rank that changed as far forgets, flagged or not.
 
         Args:
             flagged: The ranks a persistent imbalance flagged.
@@ -174,6 +175,11 @@ class ControllerState:
             ref_gap = np.abs(np.log(recent / np.asarray(self.reference))) - 3.0 * math.sqrt(2) * se
             gap = np.maximum(gap, ref_gap)
         moved = [r for r in flagged if gap[r] > thr]
+        if moved:
+            # the cluster changed: every rank whose curve moved as far forgets, flagged or
+            # not (two ranks that slowed together, one of them not flagged yet, would keep
+            # the other's fast history, and the plan would give it more work)
+            moved = [r for r in range(len(gap)) if gap[r] > thr]
         self.changed = bool(moved)
         if moved:  # measurements changed: what a rollback taught about these ranks is stale
             gone = set(moved)
