@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from scipy import stats
 
 from lightning_rex.core.model.time_model import RankTimeModel
 from lightning_rex.core.plans.plan import Plan
@@ -155,7 +156,9 @@ class ControllerState:
         predicts at its current size, or from its median when the plan was accepted, beyond
         three standard errors of the difference (a window median is noisy, and a false change
         point makes a rank forget what it has measured). Once a flagged rank changed, every
-        rank that changed as far forgets, flagged or not.
+        rank that changed as far forgets, flagged or not; those not flagged are looked for
+        among all ranks, so their margins are widened to the Bonferroni bound over the ranks
+        (the three-sigma tail shared among them: at 4096 ranks a few would pass on noise).
 
         Args:
             flagged: The ranks a persistent imbalance flagged.
@@ -167,19 +170,29 @@ class ControllerState:
         # a window median's relative standard error: the recent windows' median has its
         # share of it, which counts against the gap (noise is not a change)
         se = math.sqrt(float(model.rel_var[-1])) if model.rel_var else 0.0
-        gap = np.abs(np.log(recent / model.predict(self.plan))) - 1.5 * se / math.sqrt(
-            max(1, len(self.recent))
+        model_gap = np.abs(np.log(recent / model.predict(self.plan)))
+        ref_gap = (
+            np.abs(np.log(recent / np.asarray(self.reference)))
+            if self.reference is not None
+            else None
         )
-        if self.reference is not None:
-            # the reference is one window's medians: its own noise counts against the gap
-            ref_gap = np.abs(np.log(recent / np.asarray(self.reference))) - 3.0 * math.sqrt(2) * se
-            gap = np.maximum(gap, ref_gap)
-        moved = [r for r in flagged if gap[r] > thr]
+
+        def gap(widen: float) -> np.ndarray:
+            # the model's gap less its noise margin, or the reference's (one window's
+            # medians: its own noise counts against the gap), whichever is larger
+            out = model_gap - widen * 1.5 * se / math.sqrt(max(1, len(self.recent)))
+            if ref_gap is not None:
+                out = np.maximum(out, ref_gap - widen * 3.0 * math.sqrt(2) * se)
+            return out
+
+        moved = [r for r in flagged if gap(1.0)[r] > thr]
         if moved:
             # the cluster changed: every rank whose curve moved as far forgets, flagged or
             # not (two ranks that slowed together, one of them not flagged yet, would keep
             # the other's fast history, and the plan would give it more work)
-            moved = [r for r in range(len(gap)) if gap[r] > thr]
+            n = len(recent)
+            wide = gap(float(stats.norm.isf(stats.norm.sf(3.0) / n)) / 3.0)
+            moved = sorted({*moved, *(r for r in range(n) if wide[r] > thr)})
         self.changed = bool(moved)
         if moved:  # measurements changed: what a rollback taught about these ranks is stale
             gone = set(moved)
