@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 import statistics
@@ -277,10 +278,17 @@ def _args_table(cls: Any, skip: tuple[str, ...] = ()) -> str:
         elif name and stripped:
             meaning[name] += " " + stripped
     rows = ["| argument | default | meaning |", "| --- | --- | --- |"]
+    # a dataclass field with a default factory shows what the factory makes
+    factories = {
+        f.name: f.default_factory
+        for f in getattr(cls, "__dataclass_fields__", {}).values()
+        if f.default_factory is not dataclasses.MISSING
+    }
     for p in inspect.signature(cls.__init__).parameters.values():
         if p.name in ("self", *skip) or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        rows.append(f"| `{p.name}` | `{p.default!r}` | {_markdown(meaning.get(p.name, ''))} |")
+        default = factories[p.name]() if p.name in factories else p.default
+        rows.append(f"| `{p.name}` | `{default!r}` | {_markdown(meaning.get(p.name, ''))} |")
     return "\n".join(rows)
 
 

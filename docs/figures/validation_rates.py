@@ -1,6 +1,7 @@
 """Print, as JSON, how often validation rolls back a plan of each true step time.
 
-One and three looks, with the controller test's own trials (``tests/core/test_controller.py``).
+One and three looks, with the controller test's own trials
+(``tests/core/decide/test_controller.py``).
 """
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.core.test_controller import validation_rates
+from tests.core.decide.test_controller import validation_rates
 
 FACTORS = (1.05, 1.02, 1.00, 0.98, 0.90, 0.80)
 

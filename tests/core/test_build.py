@@ -18,6 +18,7 @@ from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.sim import RexPolicy, scenario_from_dict, simulate
+from lightning_rex.sim.engine import default_loop
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_the_simulators_rex_policy_builds_its_decider_with_the_builder(spy: list
     assert len(spy) == 1
     settings, decider = spy[0]
     assert decider is policy.controller  # the decider the run drove
-    assert (settings.persistence, settings.seed, settings.window) == (3, 4, scenario.window)
+    assert (settings.persistence, settings.seed, settings.window.steps) == (3, 4, scenario.window)
 
 
 def test_rex_callback_builds_its_decider_with_the_builder(spy: list, tmp_path: Path) -> None:
@@ -57,11 +58,26 @@ def test_rex_callback_builds_its_decider_with_the_builder(spy: list, tmp_path: P
     settings, decider = spy[0]
     assert settings is cb.settings
     assert cb.driver is not None and decider is cb.driver.decider
+    # one window object: the driver gathers by the very window the controller joins
+    assert isinstance(decider, Controller)
+    assert decider.settings.window is cb.driver.config.window is cb.settings.window
+
+
+def test_the_simulator_hands_rex_the_loops_own_window() -> None:
+    scenario = scenario_from_dict(
+        {"global_batch": 64, "steps": 60, "ranks": [{"rate": 2e3}, {"rate": 1e3}]}
+    )
+    policy = RexPolicy()
+    loop = default_loop(scenario, policy, warmup=3)
+    simulate(scenario, policy, seed=0, loop=loop)
+    assert isinstance(policy.controller, Controller)
+    assert policy.controller.settings.window is loop.window
 
 
 def test_the_builder_wraps_the_controller_when_global_batch_scaling_is_on() -> None:
     plain = build.build_decider(DecisionSettings(), (16, 16), 32, SizeBounds())
-    assert isinstance(plain, Controller) and plain.looks == 3  # training's default looks
+    assert isinstance(plain, Controller)
+    assert plain.settings.window.looks_per_window == 3  # training's default looks
     cfg = GlobalBatchScaling(16, 128)
     scaled = build.build_decider(DecisionSettings(global_batch=cfg), (24, 24), 32, SizeBounds())
     # resumed at a batch the scaler had moved to: the controller is there, the base stays

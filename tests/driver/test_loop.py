@@ -23,6 +23,7 @@ from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.saved import StateError
 from lightning_rex.core.window import Window
+from lightning_rex.core.window_spec import WindowSpec
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.errors import RexRankError
 from lightning_rex.driver.loop import WindowDriver
@@ -61,8 +62,18 @@ def make(
     target = target or ScheduleTarget(PlanSchedule((32, 32), 64))
     assert isinstance(target, ScheduleTarget)
     cfg = {"window": 10, "warmup": 10, "background": False, **config}
+    window = WindowSpec(
+        cfg.pop("window"),
+        cfg.pop("looks", 1),
+        cfg.pop("warmup"),
+        cfg.pop("max_warmup", WindowSpec.max_warmup),
+    )
     driver = WindowDriver(
-        LoopConfig(**cfg), collectives, target, decider, check_decider_state=Controller.check_state
+        LoopConfig(window, **cfg),
+        collectives,
+        target,
+        decider,
+        check_decider_state=Controller.check_state,
     )
     return driver, target
 
@@ -363,20 +374,20 @@ def test_a_resume_takes_this_runs_bounds_not_the_checkpoints() -> None:
     bounds = SizeBounds(min_size=4)
     driver, _ = make(LocalCollectives(2), ScheduleTarget(PlanSchedule((32, 32), 64, bounds)))
     driver.start(44, ["cpu", "cpu"], state)
-    assert isinstance(driver.decider, Controller) and driver.decider.min_size == 4
+    assert isinstance(driver.decider, Controller) and driver.decider.bounds.min_size == 4
 
 
 @pytest.mark.parametrize("bad", [0, 4, 11, 5.5, True, "5"])
 def test_first_look_outside_min_steps_to_segment_is_refused(bad: Any) -> None:
     with pytest.raises(ValueError, match="first_look"):
-        LoopConfig(window=30, looks=3, first_look=bad)
+        LoopConfig(WindowSpec(30, 3), first_look=bad)
 
 
 def test_the_first_look_is_short_and_its_decision_comes_soon() -> None:
-    cfg = LoopConfig(window=30, looks=3, first_look=6)
+    cfg = LoopConfig(WindowSpec(30, 3), first_look=6)
     assert cfg.look(True) == (6, 3) and cfg.look(False) == (10, 5)
-    assert LoopConfig(window=30, looks=3).look(True) == (5, 2)  # min_steps by default
-    assert LoopConfig(window=30).look(True) == (30, 15)  # one look per window: no first look
+    assert LoopConfig(WindowSpec(30, 3)).look(True) == (5, 2)  # min_steps by default
+    assert LoopConfig(WindowSpec(30, 1)).look(True) == (30, 15)  # one look: no first look
 
 
 def _looks(plan: Plan, bounds: SizeBounds) -> Controller:
@@ -388,8 +399,7 @@ def _looks(plan: Plan, bounds: SizeBounds) -> Controller:
         min_size=bounds.min_size,
         max_sizes=bounds.caps(n),
         initial_plan=plan,
-        window_steps=30,
-        looks=3,
+        window=WindowSpec(30, 3),
         groups=kinds,
     )
 
@@ -528,7 +538,8 @@ def test_a_warm_up_that_never_settles_ends_at_max_warmup() -> None:
         name="never",
     )
     pol = EvenPolicy()
-    loop = replace(default_loop(scen, pol), max_warmup=41)
+    base = default_loop(scen, pol)
+    loop = replace(base, window=replace(base.window, max_warmup=41))
     records = simulate(scen, pol, 0, loop=loop).records
     # each block is judged still warming; the one that reaches step 41 is taken all the same
     assert records[0]["window"] == [36, 41] and records[0]["warmup_steps"] == 36

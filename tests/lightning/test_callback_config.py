@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from tests.helpers.trainer import quiet_trainer
 import lightning as L
 from lightning_rex import RexCallback, RexStrategy
 from lightning_rex.core.plans.schedule import SizeBounds
-from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound, throttled
+from lightning_rex.core.window_spec import WindowSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,9 +50,25 @@ def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> 
         RexCallback(**kwargs)
 
 
+def test_the_loop_and_the_settings_share_one_window() -> None:
+    cb = RexCallback(window=40, looks=2, warmup=3, max_warmup=50)
+    assert cb.loop.window is cb.settings.window
+    assert cb.loop.window == WindowSpec(40, 2, 3, 50)
+    options = cb.options()
+    assert options.loop.window is options.settings.window
+    with pytest.raises(ValueError, match="share one WindowSpec"):
+        replace(options, loop=replace(options.loop, window=WindowSpec(40, 2, 3, 50)))
+
+
 def test_defaults() -> None:
     cb = RexCallback()
-    assert (cb.alpha, cb.window, cb.persistence, cb.min_effect) == (0.01, 30, 2, 0.05)
+    settings = cb.settings
+    assert (settings.alpha, cb.window, settings.persistence, settings.min_effect) == (
+        0.01,
+        30,
+        2,
+        0.05,
+    )
 
 
 def test_rex_attaches_a_default_callback_and_adaptive_false_does_not() -> None:
@@ -93,7 +110,7 @@ def test_cli_flags_and_append() -> None:
         ],
     )
     cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
-    assert (cb.alpha, cb.window) == (0.02, 40)
+    assert (cb.settings.alpha, cb.window) == (0.02, 40)
     assert isinstance(cli.trainer.strategy, RexStrategy)
 
 
@@ -107,7 +124,7 @@ def test_cli_yaml(tmp_path: Path) -> None:
     )
     cli = LightningCLI(CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
     cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
-    assert (cb.alpha, cb.persistence, cb.max_growth) == (0.05, 3, 1.5)
+    assert (cb.settings.alpha, cb.settings.persistence, cb.options().max_growth) == (0.05, 3, 1.5)
 
 
 def test_cli_yaml_prior_from_a_profile(tmp_path: Path) -> None:
@@ -121,7 +138,7 @@ def test_cli_yaml_prior_from_a_profile(tmp_path: Path) -> None:
     )
     cli = LightningCLI(CliModel, run=False, save_config_callback=None, args=[f"--config={cfg}"])
     cb = next(c for c in cli.trainer.callbacks if isinstance(c, RexCallback))
-    assert cb.prior == {"cpu": pytest.approx([4000.0, 0.001])}
+    assert cb.options().prior == {"cpu": pytest.approx([4000.0, 0.001])}
 
 
 def test_cli_bad_value_is_a_clear_error() -> None:
@@ -166,44 +183,6 @@ def test_callback_help_documents_every_argument() -> None:
     ):
         assert f"--trainer.callbacks.{arg}" in out
     assert "Family-wise significance level" in out  # the docstring text reaches --help
-
-
-def test_telemetry_and_memory_bound_on_cpu_are_inert() -> None:
-    cpu = torch.device("cpu")
-    tel = GpuTelemetry(cpu)
-    assert not tel.available and tel.sample() is None and tel.identity() is None
-    mem = MemoryBound(cpu, max_micro_batch_size=None)
-    mem.step_start()
-    mem.step_end(24)
-    assert mem.cap(24) is None
-    assert MemoryBound(cpu, max_micro_batch_size=40).cap(24) == 40
-
-
-def test_memory_bound_on_cuda_uses_headroom_cache_and_growth(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    dev = torch.device("cuda", 0)
-    stats = {"alloc": 1000, "peak": 1000 + 24 * 100, "reserved": 5000, "free": 20_000}
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: None)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: stats["alloc"])
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: stats["peak"])
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: stats["reserved"])
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (stats["free"], 10**9))
-    mem = MemoryBound(dev, max_micro_batch_size=None, max_growth=2.0, safety=1.0)
-    mem.step_start()
-    mem.step_end(24)
-    assert mem.per_sample_bytes == 100
-    # headroom = free + (reserved - allocated) = 20000 + 4000 -> 240 samples; growth caps at 48
-    assert mem.cap(24) == 48
-    mem.largest_run = 200
-    assert mem.cap(24) == 240
-    assert MemoryBound(dev, max_micro_batch_size=30).cap(24) == 30
-
-
-def test_throttle_reasons() -> None:
-    assert throttled({"throttle_reasons": ["hw_thermal_slowdown"]})
-    assert not throttled({"throttle_reasons": ["gpu_idle"]})
-    assert not throttled(None)
 
 
 def test_pool_by_device_passes_the_gathered_device_keys_to_the_controller():

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 import lightning as L
 from lightning_rex import RexStrategy
 from lightning_rex.core.decide.controller import Controller
+from lightning_rex.core.window_spec import WindowSpec
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.observer import BackgroundObserver
 
@@ -91,7 +92,7 @@ def _late_controller(lag: int) -> None:
 
 
 def _fits(rank: int, tmp: str) -> dict[str, Any]:
-    _late_controller(LoopConfig(window=10).lag)
+    _late_controller(LoopConfig(WindowSpec(10, 1)).lag)
     lines = _Lines()
     logging.getLogger("lightning.pytorch").addHandler(lines)
     out: dict[str, Any] = {}

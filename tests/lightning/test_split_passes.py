@@ -1,15 +1,12 @@
-"""Accumulation passes in-process: cutting a batch, the passes a rank runs, their timing."""
+"""Accumulation passes in-process: cutting a batch, and the passes a rank runs."""
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 import torch
 
 from lightning_rex import RexStrategy
 from lightning_rex.lightning.passes import loss_of, split_batch
-from lightning_rex.measure.timing import ComputeTimer
 
 
 def test_a_batch_is_cut_along_its_samples_and_the_rest_is_shared() -> None:
@@ -44,18 +41,3 @@ def test_no_pass_falls_below_the_minimum_micro_batch(
 ) -> None:
     strategy = RexStrategy(max_pass_sizes=cap, min_micro_batch_size=lowest)
     assert strategy.passes_for(size) == expected
-
-
-def test_the_step_ends_at_the_last_passs_last_gradient() -> None:
-    net = torch.nn.Linear(3, 1)
-    timer = ComputeTimer(torch.device("cpu"))
-    clock = itertools.count()
-    timer._stamp = lambda: next(clock)  # type: ignore[method-assign]
-    timer.attach(net.parameters())
-    timer.start()  # stamp 0
-    for _ in range(3):  # three passes: weight and bias each fire once a pass
-        net(torch.randn(4, 3)).sum().backward()
-    timer.stop()
-    ends = timer.take_step()
-    # one stamp a pass, at its last gradient (1, 2, 3): the step ends at the third
-    assert timer.resolve([ends]) == [3.0]

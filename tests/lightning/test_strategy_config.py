@@ -223,4 +223,4 @@ def test_adaptive_example_config_parses() -> None:
     assert isinstance(cli.trainer.strategy, lightning_rex.RexStrategy)
     assert cli.trainer.strategy.adaptive
     rex = [c for c in cli.trainer.callbacks if isinstance(c, lightning_rex.RexCallback)]
-    assert len(rex) == 1 and rex[0].alpha == 0.01 and rex[0].window == 30
+    assert len(rex) == 1 and rex[0].settings.alpha == 0.01 and rex[0].window == 30

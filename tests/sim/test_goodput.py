@@ -13,6 +13,7 @@ from tests.helpers.workload import workload_scenario
 from lightning_rex.core import build
 from lightning_rex.core.scaling.noise_scale import noise_estimates
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
+from lightning_rex.core.window_spec import WindowSpec
 from lightning_rex.sim import cli, goodput
 from lightning_rex.sim.goodput import hindsight_batch, run_goodput
 from lightning_rex.sim.policies import oracle_plan
@@ -177,6 +178,6 @@ def test_the_loop_gives_windows_the_wall_clock_with_the_all_reduce() -> None:
         def even_split_estimate(self):
             return None
 
-    loop = LoopConfig(window=10, warmup=2, background=False)
+    loop = LoopConfig(WindowSpec(10, 1, warmup=2), background=False)
     run_loop(8, 2, 40, lambda step, plan: np.array([0.02, 0.03]), Record(), loop, comm=0.01)
     assert seen and all(w.overhead_s == pytest.approx(0.01) for w in seen)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         variance_inflation,
     )
     from lightning_rex.core.window import Window
+    from lightning_rex.core.window_spec import WindowSpec
 
 _LAZY = {
     "Controller": "lightning_rex.core.decide.controller",
@@ -46,6 +47,7 @@ _LAZY = {
     "SplineKernel": "lightning_rex.core.model.kernels",
     "Window": "lightning_rex.core.window",
     "WindowHistory": "lightning_rex.core.stats.significance",
+    "WindowSpec": "lightning_rex.core.window_spec",
     "affine_plan": "lightning_rex.core.plans.planner",
     "bspline_basis": "lightning_rex.core.model.kernels",
     "even_plan": "lightning_rex.core.plans.plan",
@@ -74,6 +76,7 @@ __all__ = [
     "SplineKernel",
     "Window",
     "WindowHistory",
+    "WindowSpec",
     "affine_plan",
     "bspline_basis",
     "even_plan",

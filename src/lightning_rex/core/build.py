@@ -59,14 +59,13 @@ def build_decider(
         initial_plan=p if sum(p) == base_batch else None,
         groups=groups,
         max_global_batch=None if cfg is None else cfg.max_global_batch,
-        looks=settings.looks_per_window,
-        window_steps=settings.window,
+        window=settings.window,  # the loop's own window (RexCallback builds both from one)
     )
     if sum(p) != base_batch:  # resuming at a batch the scaler moved to
         controller.set_global_batch(sum(p), p)
     if cfg is None:
         return controller
-    return ScalingDecider(controller, BatchScaler(cfg, base_batch, n), settings.window)
+    return ScalingDecider(controller, BatchScaler(cfg, base_batch, n), settings.window.steps)
 
 
 def check_decider_state(

@@ -8,24 +8,13 @@ settings into the decider both run. A parameter's default is written here and no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lightning_rex.core.checks import is_integer, is_number
-from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
+from lightning_rex.core.scaling.config import GlobalBatchScaling
+from lightning_rex.core.window_spec import WindowSpec
 
-__all__ = ["DecisionSettings", "default_looks"]
-
-
-def default_looks(window: int) -> int:
-    """Looks per window when none is asked for: up to 3, with segments of >= 10 steps.
-
-    Args:
-        window: Steps per window.
-
-    Returns:
-        ``max(1, min(3, window // 10))``: 3 for the default window of 30, 1 below 20.
-    """
-    return max(1, min(3, int(window) // 10))
+__all__ = ["DecisionSettings"]
 
 
 @dataclass(frozen=True)
@@ -52,10 +41,9 @@ class DecisionSettings:
         num_basis: Spline basis functions of the rank time model (>= 4).
         memory: Age in windows at which old observations' weight has dropped by ``e``.
         seed: Seed for everything random (hyperparameter-fit subsets).
-        window: Steps per whole window (>= 5, or 2 with one look).
-        looks: Looks per window: segments of ``window // looks`` steps are gathered and
-            looked at; None for the default for the window
-            (:func:`default_looks`: 3 at 30 steps).
+        window: The window (:class:`~lightning_rex.core.window_spec.WindowSpec`: steps,
+            looks, warm-up), the object the window loop runs by: the controller joins
+            segments of ``window.segment`` steps into windows of ``window.whole``.
         pool_by_device: Ranks on devices of the same identity share evidence in the time
             model (groups of 4 or more).
         global_batch: Global batch scaling's settings, or None (off).
@@ -84,8 +72,7 @@ class DecisionSettings:
     num_basis: int = 16
     memory: float = 12.0
     seed: int = 0
-    window: int = 30
-    looks: int | None = None
+    window: WindowSpec = field(default_factory=WindowSpec)
     pool_by_device: bool = True
     global_batch: GlobalBatchScaling | None = None
     shape_change_s: float | None = None
@@ -112,10 +99,8 @@ class DecisionSettings:
             raise ValueError(f"num_basis must be an integer >= 4, got {self.num_basis!r}")
         if not is_integer(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not (is_integer(self.window) and self.window >= 2):
-            raise ValueError(f"window must be an integer >= 2 steps, got {self.window!r}")
-        if self.looks is not None and not (is_integer(self.looks) and self.looks >= 1):
-            raise ValueError(f"looks must be an integer >= 1 or None, got {self.looks!r}")
+        if not isinstance(self.window, WindowSpec):
+            raise ValueError(f"window must be a WindowSpec, got {type(self.window).__name__}")
         if self.shape_change_s is not None and not (
             is_number(self.shape_change_s) and self.shape_change_s >= 0
         ):
@@ -132,8 +117,3 @@ class DecisionSettings:
             raise ValueError(
                 f"global_batch must be a GlobalBatchScaling or None, got {type(self.global_batch)}"
             )
-
-    @property
-    def looks_per_window(self) -> int:
-        """``looks``, or the default for the window."""
-        return default_looks(self.window) if self.looks is None else int(self.looks)

@@ -35,41 +35,15 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from torch.utils.data import DistributedSampler, Sampler
+from torch.utils.data import Sampler
 
 from lightning_rex.core.plans.plan import Plan, split_in_proportion
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.grid import Grid, batch_grid, grid_first_sample, grid_length
+from lightning_rex.data.permutation import EpochPermutation, SizedStandIn
 from lightning_rex.data.position import check_position
 
 __all__ = ["UnevenBatchSampler"]
-
-
-class _Sized:
-    """A stand-in dataset that only has a length, for DistributedSampler."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-
-class _Permutation(DistributedSampler):
-    """The one-replica DistributedSampler that draws every epoch's permutation.
-
-    Lightning moves it to the next epoch (``set_epoch`` through
-    ``loader.batch_sampler.sampler``) at the start of every epoch, before it iterates the
-    loader; ``on_set_epoch`` hears of it there, the one moment at which the new epoch's
-    length is known and Lightning can still be told.
-    """
-
-    on_set_epoch: Callable[[int], None] | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        if self.on_set_epoch is not None:
-            self.on_set_epoch(epoch)
 
 
 class UnevenBatchSampler(Sampler[list[int]]):
@@ -144,8 +118,8 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self.accumulate_grad_batches = accumulate_grad_batches
         self.step_source = step_source
-        self.sampler: _Permutation = _Permutation(
-            _Sized(num_samples),  # type: ignore[arg-type]
+        self.sampler: EpochPermutation = EpochPermutation(
+            SizedStandIn(num_samples),  # type: ignore[arg-type]
             num_replicas=1,
             rank=0,
             shuffle=shuffle,

@@ -31,6 +31,7 @@ import numpy as np
 
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
+from lightning_rex.core.plans.planner import device_rates
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.saved import (
     StateError,
@@ -42,7 +43,8 @@ from lightning_rex.core.saved import (
     whole,
 )
 from lightning_rex.core.window import Window
-from lightning_rex.driver.observer import Pending
+from lightning_rex.driver.gathering import Gathering
+from lightning_rex.driver.observer import BackgroundObserver, Pending
 from lightning_rex.driver.protocols import Resumed
 
 __all__ = [
@@ -67,16 +69,11 @@ def loop_state(
     *,
     run_id: str,
     schedule: PlanSchedule,
-    skip_until: int,
+    gathering: Gathering,
     exchange_at: int | None,
-    steps: Sequence[int],
-    window_plan: Plan | None,
     partial: np.ndarray,
     pending: list[dict[str, Any]],
     dropped: int,
-    first_look: bool,
-    warm_until: int | None,
-    fit_start: int | None,
     controller: Any,
     rates: dict[str, list[float]],
 ) -> dict[str, Any]:
@@ -85,17 +82,14 @@ def loop_state(
     Args:
         run_id: The fit's run id.
         schedule: The plan schedule (its world size and base global batch are saved).
-        skip_until: The first step measured after a plan change.
+        gathering: The partial window: its steps and plan, the first step measured after a
+            plan change, whether the fit's first look is still to come, and the warm-up
+            still going on (:meth:`Gathering.restore
+            <lightning_rex.driver.gathering.Gathering.restore>` reads them back).
         exchange_at: The step of the next exchange, or None.
-        steps: The steps of the partial window.
-        window_plan: The partial window's plan, or None.
         partial: Every rank's step times of the partial window (NaN where unread).
         pending: The decisions not yet exchanged (:func:`pending_to_state`).
         dropped: Samples dropped so far.
-        first_look: Whether the first look of the fit is still to come.
-        warm_until: The step at which an adaptive warm-up still going on ends at the latest,
-            or None once it has ended.
-        fit_start: The fit's first step, until its first window is recorded; else None.
         controller: The decider's state (rank 0), or None.
         rates: Fitted rates per device identity.
 
@@ -107,19 +101,44 @@ def loop_state(
         "run_id": run_id,
         "world_size": schedule.world_size,
         "global_batch": schedule.global_batch,
-        "skip_until": skip_until,
+        "skip_until": gathering.skip_until,
         "exchange_at": exchange_at,
-        "steps": list(steps),
-        "window_plan": None if window_plan is None else list(window_plan),
+        "steps": list(gathering.steps),
+        "window_plan": None if gathering.plan is None else list(gathering.plan),
         "partial": [[None if not np.isfinite(x) else float(x) for x in r] for r in partial],
         "pending": pending,
         "dropped": dropped,
-        "first_look": first_look,
-        "warm_until": warm_until,
-        "fit_start": fit_start,
+        "first_look": gathering.first_look,
+        "warm_until": gathering.warm_until,
+        "fit_start": gathering.fit_start,
         "controller": controller,
         "device_rates": rates,
     }
+
+
+def decider_state(
+    observer: BackgroundObserver, device_keys: Sequence[str]
+) -> tuple[list[dict[str, Any]], Any, dict[str, list[float]]]:
+    """Rank 0 at a checkpoint: wait for the decider's work, then what of it is saved.
+
+    Args:
+        observer: The background observer (and its decider).
+        device_keys: Every rank's device identity.
+
+    Returns:
+        The decisions not yet exchanged (:func:`pending_to_state`), the decider's state,
+        and its fitted rates per device identity.
+
+    Raises:
+        BaseException: A decision's own error, when one failed.
+    """
+    entries = observer.drain()
+    for e in entries:
+        if isinstance(e.outcome, BaseException):
+            raise e.outcome
+    decider = observer.decider
+    rates = device_rates(list(device_keys), decider.rank_model_summary())
+    return [pending_to_state(e) for e in entries], decider.state_dict(), rates
 
 
 def pending_to_state(entry: Pending) -> dict[str, Any]:

@@ -1,15 +1,17 @@
-"""How the window loop runs: :class:`LoopConfig` (window, looks, decision lag, warm-up).
+"""How the window loop runs: :class:`LoopConfig` (the window, decision lag, first look).
 
 Training's :class:`~lightning_rex.RexCallback` builds one from its arguments, the simulator
 from the scenario and the policy (:func:`~lightning_rex.sim.engine.default_loop`); the
-:class:`~lightning_rex.driver.loop.WindowDriver` runs by it.
+:class:`~lightning_rex.driver.loop.WindowDriver` runs by it. Its
+:class:`~lightning_rex.core.window_spec.WindowSpec` is the object the controller gets too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lightning_rex.core.checks import is_integer
+from lightning_rex.core.window_spec import WindowSpec
 
 __all__ = ["LoopConfig"]
 
@@ -19,22 +21,18 @@ class LoopConfig:
     """How the window loop runs.
 
     Args:
-        window: Steps per observation window (an integer >= 5).
+        window: The window: its steps, looks, segment and warm-up (a
+            :class:`~lightning_rex.core.window_spec.WindowSpec`, the one the controller's
+            settings hold).
         decision_lag: Steps from a window's (or segment's) end to the exchange of its
             decision, and between polls for a decision not ready yet; None for
             ``segment // 2``. In ``[1, segment)``.
-        warmup: Steps at the start of a fit that are never measured (>= 0); not applied
-            again when resuming on the same world size.
         background: Run the decider in a background thread on rank 0 (training never waits
             for it); False runs it inline, so every decision lands on a step fixed in advance.
         apply_plans: Apply decisions; False is monitor-only (proposals become
             ``recommend`` records and the decider is told they were declined).
         min_steps: The fewest usable steps a window (or segment) needs after dropping bad
             samples.
-        looks: Gathers per window: every ``segment = window // looks`` steps the ranks'
-            samples are gathered and handed to the decider, which joins a window's segments
-            and may act before the window is whole (``Controller(looks=...)``). 1: one
-            gather per window. ``segment`` must be >= 5.
         first_look: With ``looks > 1``, the steps of a fresh fit's first gather after the
             warm-up (the cold start's look at the initial plan, a guess worth replacing
             early); its decision is exchanged ``first_look // 2`` steps later (at least 1).
@@ -42,45 +40,26 @@ class LoopConfig:
         estimate: After every window, record the decider's estimate of the even split's
             step time (``even_step_ms`` in the record: what the report sets the measured
             throughput against). The simulator, which knows the true times, turns it off.
-        max_warmup: The most steps the warm-up may last (an integer >= 0). After ``warmup``
-            steps it goes on while rank 0 finds, in a gathered block, any rank's steps
-            still getting faster (:func:`~lightning_rex.core.stats.at_speed.warming_ranks`):
-            the block is dropped and the next one judged, until every rank is at speed or
-            the block ends at ``max_warmup``. ``max_warmup <= warmup``: a fixed warm-up.
 
     Raises:
         ValueError: Naming the argument, for values outside those ranges.
     """
 
-    window: int = 30
+    window: WindowSpec = field(default_factory=WindowSpec)
     decision_lag: int | None = None
-    warmup: int = 1
     background: bool = True
     apply_plans: bool = True
     min_steps: int = 5
-    looks: int = 1
     first_look: int | None = None
     estimate: bool = True
-    max_warmup: int = 200
 
     def __post_init__(self) -> None:
-        if not (is_integer(self.window) and self.window >= 5):
-            raise ValueError(f"window must be an integer >= 5 steps, got {self.window!r}")
-        if not (is_integer(self.looks) and self.looks >= 1):
-            raise ValueError(f"looks must be an integer >= 1, got {self.looks!r}")
+        if not isinstance(self.window, WindowSpec):
+            raise ValueError(f"window must be a WindowSpec, got {type(self.window).__name__}")
         if not isinstance(self.background, bool):
             raise ValueError(f"background must be True or False, got {self.background!r}")
         if not isinstance(self.estimate, bool):
             raise ValueError(f"estimate must be True or False, got {self.estimate!r}")
-        if self.segment < 5:
-            raise ValueError(
-                f"looks={self.looks} cuts window={self.window} into segments of"
-                f" {self.segment} steps: each needs >= 5"
-            )
-        if not (is_integer(self.warmup) and self.warmup >= 0):
-            raise ValueError(f"warmup must be an integer >= 0 steps, got {self.warmup!r}")
-        if not (is_integer(self.max_warmup) and self.max_warmup >= 0):
-            raise ValueError(f"max_warmup must be an integer >= 0 steps, got {self.max_warmup!r}")
         if not (is_integer(self.min_steps) and 1 <= self.min_steps <= self.segment):
             raise ValueError(
                 f"min_steps must be in [1, segment={self.segment}], got {self.min_steps}"
@@ -101,8 +80,13 @@ class LoopConfig:
 
     @property
     def segment(self) -> int:
-        """Steps per gather: ``window // looks``."""
-        return int(self.window) // int(self.looks)
+        """Steps per gather (the window's ``segment``)."""
+        return self.window.segment
+
+    @property
+    def looks(self) -> int:
+        """Gathers per window (the window's ``looks_per_window``)."""
+        return self.window.looks_per_window
 
     @property
     def lag(self) -> int:

@@ -28,13 +28,12 @@ import numpy as np
 
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.core.plans.planner import device_rates
 from lightning_rex.core.plans.schedule import SizeBounds
-from lightning_rex.core.stats.at_speed import warming_ranks
-from lightning_rex.driver.checkpoint import check_state, loop_state, pending_to_state
+from lightning_rex.driver.checkpoint import check_state, decider_state, loop_state
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.errors import Failures
 from lightning_rex.driver.exchange import ExchangeMessage
+from lightning_rex.driver.gathering import Gathering, as_seconds
 from lightning_rex.driver.joining import fitted_first_plan, join
 from lightning_rex.driver.observer import BackgroundObserver, Pending
 from lightning_rex.driver.protocols import Collectives, Decider, PlanTarget
@@ -66,12 +65,11 @@ class WindowDriver:
             seconds already.
         clock: Wall-clock seconds, for the window's throughput (the simulator passes its
             simulated clock).
-        caps: Each hosted rank's pass cap (the largest micro-batch it runs in one
-            forward/backward pass: its memory, None for none), read at every window's close
-            into the window row's cap column; the decider takes it as soft
-            (``set_pass_caps``): a larger size runs as ``ceil(b / cap)`` accumulation passes
-            (:func:`~lightning_rex.core.passes.passes`), priced, never forbidden. It must be
-            the cap the rank split the window's steps by. None: no caps.
+        caps: Each hosted rank's pass cap (the largest micro-batch it runs in one pass: its
+            memory, None for none), read at every window's close; the decider takes it as
+            soft (``set_pass_caps``): a larger size runs as ``ceil(b / cap)`` accumulation
+            passes (:func:`~lightning_rex.core.passes.passes`), priced, never forbidden. It
+            must be the cap the rank split the window's steps by. None: no caps.
         telemetry: Each hosted rank's telemetry sample, gathered with every window, or None
             (the same choice on every rank).
         on_record: Receives each window's record on rank 0.
@@ -95,7 +93,7 @@ class WindowDriver:
     ) -> None:
         self.config, self.collectives, self.target = config, collectives, target
         self._make_decider, self._check_decider = make_decider, check_decider_state
-        self._resolve, self._clock = resolve or _as_seconds, clock
+        self._resolve, self._clock = resolve or as_seconds, clock
         self._caps, self._telemetry = caps, telemetry
         self._on_record, self._on_exchange = on_record, on_exchange
         self.decider: Decider | None = None
@@ -111,16 +109,9 @@ class WindowDriver:
         self.device_keys: list[str] = []
         self.failed = False
         self._failures = Failures()
-        self._skip_until, self._exchange_at = 0, None  # type: tuple[int, int | None]
-        self._first_look = False  # the next gather is a fresh fit's first look
-        # rank 0: the warm-up goes on until a gathered block is at speed, or this step
-        self._warm_until: int | None = None
-        self._fit_start: int | None = None  # a fresh fit's first step, until its first window
-        self._samples: list[Any] = []
-        self._steps: list[int] = []
-        self._window_plan: Plan | None = None
-        self._t0 = self._last_clock = 0.0
-        self._resumed_window = False
+        self._exchange_at: int | None = None
+        self.gathering = Gathering()  # the window in progress
+        self._last_clock = 0.0
 
     # ------------------------------------------------------------------ properties
     @property
@@ -136,15 +127,14 @@ class WindowDriver:
     @property
     def measuring_from(self) -> int:
         """The first step that may be measured (warm-up, or a new plan's first step)."""
-        return self._skip_until
+        return self.gathering.skip_until
 
     # ------------------------------------------------------------------ failures
     @contextlib.contextmanager
     def guard(self, what: str) -> Iterator[None]:
         """Run local work; an exception is kept and raised on every rank at the next collective.
 
-        Only for work that issues no collective (see :class:`~lightning_rex.driver.errors.
-        Failures`).
+        Only for work that issues no collective (:class:`~lightning_rex.driver.errors.Failures`).
 
         Args:
             what: What the work is, for the error message ("reading the timer").
@@ -154,10 +144,6 @@ class WindowDriver:
         """
         with self._failures.guard(what):
             yield
-
-    @property
-    def _failure(self) -> tuple[BaseException, str] | None:
-        return self._failures.failure
 
     def _flags(self) -> np.ndarray:
         return self._failures.flags(self.collectives.hosted)
@@ -204,10 +190,11 @@ class WindowDriver:
                 sched.batch_range,
                 resumed=self.target.resumed,
                 step=step,
-                horizon=self.config.warmup + self.config.window + _PREFETCH_HORIZON,
+                horizon=self.config.window.warmup + self.config.window.steps + _PREFETCH_HORIZON,
             )
         # every fit is a run of its own; a resumed one names the run it continues
-        mine = None if self._failure is None else self._failure[1]
+        failure = self._failures.failure
+        mine = None if failure is None else failure[1]
         free, run_id = self.target.first_free_step(), uuid.uuid4().hex[:12]
         joined = join(self.collectives, device_keys, free, run_id, mine, prior, self.is_rank_zero)
         self._check(np.array(joined.failed, dtype=float), "the start of the fit")
@@ -215,7 +202,8 @@ class WindowDriver:
         self.run_id = joined.run_id
         self.resumed_from = None if saved is None else saved["run_id"]
         plan = sched.plan_at(step)
-        self._fit_start, self._warm_until = None, None
+        gathering = self.gathering
+        gathering.fit_start, gathering.warm_until = None, None
         same = saved is not None and saved["continues"]
         self.continued = None if saved is None else same
         # rates measured before (a resume on another world size) or given (a fresh start's
@@ -224,29 +212,14 @@ class WindowDriver:
         first = fitted_first_plan(rates, joined, sched, step)
         if first is not None and not same and self.config.apply_plans:
             plan = self.target.schedule_plan(*first)
-            self._skip_until = first[1]
+            gathering.skip_until = first[1]
         if same:
             assert saved is not None
-            self._skip_until = saved["skip_until"]
+            gathering.restore(saved, self.collectives.rank, self.collectives.hosted, n)
             self._exchange_at = saved["exchange_at"]
-            self._steps = list(saved["steps"])
-            self._window_plan = saved["window_plan"]
-            lo = self.collectives.rank
-            rows = np.asarray(saved["partial"], dtype=np.float64).reshape(n, -1)
-            self._samples = [
-                rows[lo : lo + self.collectives.hosted, j] for j in range(len(self._steps))
-            ]
             self.dropped = saved["dropped"]
-            self._first_look = saved["first_look"]
-            self._warm_until, self._fit_start = saved["warm_until"], saved["fit_start"]
-            self._resumed_window = bool(self._steps)  # its wall time began in another run
         else:
-            self._skip_until = max(self._skip_until, step + self.config.warmup)
-            self._fit_start = step
-            if self.config.max_warmup > self.config.warmup:
-                self._warm_until = step + self.config.max_warmup
-            kinds = np.unique(self.device_keys, return_counts=True)[1]  # a first look tests kinds
-            self._first_look = int((kinds >= 2).sum()) >= 2
+            gathering.begin(step, self.config.window, self.device_keys)
         if self.is_rank_zero:
             with self.guard("building the decider"):
                 self.decider = self._make_decider(plan, bounds)
@@ -259,9 +232,9 @@ class WindowDriver:
                 )
                 if same and saved is not None:
                     self.observer.restore(saved["pending"])
-        flag = self.collectives.broadcast_row(np.array([float(self._failure is not None)]))
+        flag = self.collectives.broadcast_row(np.array([float(self._failures.failure is not None)]))
         self._check(np.r_[flag[:1], np.zeros(n - 1)], "the start of the fit")
-        self._last_clock = self._t0 = self._clock()
+        self._last_clock = gathering.t0 = self._clock()
 
     # ------------------------------------------------------------------ per step
     def record(self, step: int, sample: Any, comparable: bool = True) -> None:
@@ -273,35 +246,29 @@ class WindowDriver:
             comparable: False when the step's sizes are not the plan's (the epoch's final
                 partial batch), so it is left out of windows; the same on every rank.
         """
-        now = self._clock()
-        if step >= self._skip_until and comparable:
-            plan = self.target.plan_schedule.plan_at(step)
-            if self._steps and plan != self._window_plan:
-                self._samples, self._steps = [], []  # the plan changed under the window
-            if not self._steps:
-                self._window_plan, self._t0 = plan, self._last_clock
-                self._resumed_window = False
-            self._samples.append(sample)
-            self._steps.append(step)
+        now, gathering = self._clock(), self.gathering
+        if step >= gathering.skip_until and comparable:
+            gathering.add(step, sample, self.target.plan_schedule.plan_at(step), self._last_clock)
         self._last_clock = now
         if self._exchange_at is not None and step >= self._exchange_at:
             self._exchange(step)
-        steps, lag = self.config.look(self._first_look)
-        if len(self._steps) >= steps:
-            self._first_look = False
+        steps, lag = self.config.look(gathering.first_look)
+        if len(gathering.steps) >= steps:
+            gathering.first_look = False
             self._close(step, lag)
 
     def _read(self, what: str) -> np.ndarray:
         """The window's samples as seconds, ``(hosted, k)``; NaN where reading failed."""
-        k, h = len(self._steps), self.collectives.hosted
+        k, h = len(self.gathering.steps), self.collectives.hosted
         out = np.full((h, k), np.nan)
         with self.guard(what):
             if k:
-                out[:] = np.asarray(self._resolve(self._samples), dtype=np.float64).reshape(h, k)
+                rows = self._resolve(self.gathering.samples)
+                out[:] = np.asarray(rows, dtype=np.float64).reshape(h, k)
         return out
 
     def _close(self, step: int, lag: int) -> None:
-        k, h = len(self._steps), self.collectives.hosted
+        k, h = len(self.gathering.steps), self.collectives.hosted
         rows = np.full((h, k + 2), np.nan)
         rows[:, :k] = self._read("reading the window's step times")
         rows[:, k] = -1.0
@@ -320,26 +287,24 @@ class WindowDriver:
         if self.is_rank_zero:
             with self.guard("building the window"):
                 self._submit(gathered[:, :k], gathered[:, k], telemetry, step + lag)
-        self._samples, self._steps = [], []
+        self.gathering.clear()
         self._schedule_exchange(step + lag)
 
     def _submit(self, times: np.ndarray, caps_col: np.ndarray, telemetry: Any, due: int) -> None:
-        assert self.observer is not None and self._window_plan is not None
+        gathering = self.gathering
+        assert self.observer is not None and gathering.plan is not None
         k = times.shape[1]
-        good, bad = usable_steps(times, self._steps, self.dropped)
+        good, bad = usable_steps(times, gathering.steps, self.dropped)
         self.dropped += bad
         if int(good.sum()) < self.config.min_steps:
             return
-        if self._warm_until is not None:
-            if self._steps[-1] + 1 < self._warm_until and warming_ranks(times[:, good]).any():
-                return  # still warming up: the next block is judged
-            self._warm_until = None
-        warmup = None if self._fit_start is None else self._steps[0] - self._fit_start
-        self._fit_start = None
-        wall = math.nan if self._resumed_window else self._clock() - self._t0
-        window = window_of(times, self._window_plan, self._steps, good, wall)
-        self._resumed_window = False
-        samples = k * sum(self._window_plan)  # the true global count, not N x rank 0's
+        if gathering.still_warming(times[:, good]):
+            return  # still warming up: the next block is judged
+        warmup = gathering.take_warmup()
+        wall = math.nan if gathering.resumed else self._clock() - gathering.t0
+        window = window_of(times, gathering.plan, gathering.steps, good, wall)
+        gathering.resumed = False
+        samples = k * sum(gathering.plan)  # the true global count, not N x rank 0's
         info = {
             "telemetry": telemetry,
             "window_samples": samples,
@@ -363,13 +328,19 @@ class WindowDriver:
         row = ExchangeMessage().to_row(n)
         if self.is_rank_zero and self.observer is not None:
             with self.guard("deciding on a window"):
-                ready = self._take_decisions(step)
+                # the decisions ready now, and those whose own exchange is past (waited for:
+                # at most one poll late); a decider's error is raised into the guard
+                ready = self.observer.take_decisions(self.config.apply_plans, step)
+                apply = self.config.apply_plans
                 row = ExchangeMessage.from_ready(
                     [float(e.window.medians.max() / e.window.medians.min() - 1) for e in ready],
-                    [self._to_apply(e) for e in ready],
+                    [
+                        e.outcome.plan if apply and isinstance(e.outcome, Decision) else None
+                        for e in ready
+                    ],
                     self.observer.pending,
                 ).to_row(n)
-        if self._failure is not None and self.is_rank_zero:
+        if self._failures.failure is not None and self.is_rank_zero:
             ready, row = [], ExchangeMessage(failed=True).to_row(n)
         # every rank's failure flag and first unfetched step, then rank 0's decisions
         local = np.zeros((self.collectives.hosted, 2))
@@ -387,8 +358,8 @@ class WindowDriver:
         if msg.plan is not None:
             effective = agreed_step(gathered[:, 1], step + 1)
             self.target.schedule_plan(msg.plan, effective)
-            self._skip_until = effective
-            self._samples, self._steps = [], []
+            self.gathering.skip_until = effective
+            self.gathering.clear()
         if ready:
             with self.guard("writing the decision records"):
                 for e in ready:
@@ -396,36 +367,13 @@ class WindowDriver:
         if self._on_exchange is not None:
             self._on_exchange(msg)
 
-    def _take_decisions(self, step: int | None = None) -> list[Pending]:
-        """Rank 0: the decisions ready now, and those whose own exchange is past (waited for).
-
-        A decision still computing at its exchange is waited for at the next poll, so it
-        lands at most one poll late; a decider's error is raised (into the guard).
-        """
-        assert self.observer is not None
-        return self.observer.take_decisions(self.config.apply_plans, step)
-
-    def _to_apply(self, e: Pending) -> Plan | None:
-        d = e.outcome
-        if not isinstance(d, Decision) or not self.config.apply_plans:
-            return None
-        return d.plan
-
     def _record(
-        self,
-        e: Pending,
-        applied: Plan | None,
-        effective: int | None,
-        before: int,
-        note: str = "",
+        self, e: Pending, applied: Plan | None, effective: int | None, before: int, note: str = ""
     ) -> None:
+        apply, run, resumed = self.config.apply_plans, self.run_id, self.resumed_from
         record = pending_record(
-            e, applied, effective, before, self.config.apply_plans, self.run_id, self.resumed_from
+            e, applied, effective, before, apply, run, resumed, self.device_keys, note
         )
-        if note:
-            record["reason"] = f"{record['reason']}; {note}"
-        if len(self.device_keys) == len(record["plan"]):  # labels the report's legends
-            record["devices"] = list(self.device_keys)
         self.records.append(record)
         if self._on_record is not None:
             self._on_record(record)
@@ -447,20 +395,14 @@ class WindowDriver:
         """
         if self.failed:
             return {}
-        sched = self.target.plan_schedule
         pending: list[dict[str, Any]] = []
         controller = None
         rates: dict[str, list[float]] = {}
         if self.is_rank_zero and self.observer is not None and self.decider is not None:
             with self.guard("saving the decider's state"):
-                entries = self.observer.drain()
-                for e in entries:
-                    if isinstance(e.outcome, BaseException):
-                        raise e.outcome
-                pending = [pending_to_state(e) for e in entries]
-                controller = self.decider.state_dict()
-                rates = device_rates(self.device_keys, self.decider.rank_model_summary())
-        k = len(self._steps)
+                pending, controller, rates = decider_state(self.observer, self.device_keys)
+        gathering = self.gathering
+        k = len(gathering.steps)
         rows = np.full((self.collectives.hosted, k + 1), np.nan)
         rows[:, :k] = self._read("reading the window's step times for a checkpoint")
         rows[:, k] = self._flags()
@@ -468,17 +410,12 @@ class WindowDriver:
         self._check(gathered[:, k], "saving a checkpoint")
         return loop_state(
             run_id=self.run_id,
-            schedule=sched,
-            skip_until=self._skip_until,
+            schedule=self.target.plan_schedule,
+            gathering=gathering,
             exchange_at=self._exchange_at,
-            steps=self._steps,
-            window_plan=self._window_plan,
             partial=gathered[:, :k],
             pending=pending,
             dropped=self.dropped,
-            first_look=self._first_look,
-            warm_until=self._warm_until,
-            fit_start=self._fit_start,
             controller=controller,
             rates=rates,
         )
@@ -497,7 +434,7 @@ class WindowDriver:
             with self.guard("finishing the decider's work"):
                 self.observer.drain()
                 before = self.target.plan_schedule.changes
-                for e in self._take_decisions():
+                for e in self.observer.take_decisions(self.config.apply_plans):
                     d = e.outcome
                     if self.config.apply_plans and isinstance(d, Decision) and d.plan is not None:
                         self.observer.decline()
@@ -511,8 +448,3 @@ class WindowDriver:
         """Stop the decider's thread (no collective; safe after an error)."""
         if self.observer is not None:
             self.observer.shutdown()
-
-
-def _as_seconds(samples: list[Any]) -> np.ndarray:
-    """Samples that are seconds: ``K`` per-step arrays of hosted ranks -> ``(hosted, K)``."""
-    return np.stack([np.asarray(s, dtype=np.float64).reshape(-1) for s in samples], axis=1)

@@ -147,6 +147,8 @@ def pending_record(
     adaptive: bool,
     run_id: str,
     resumed_from: str | None,
+    devices: Sequence[str] = (),
+    note: str = "",
 ) -> dict[str, Any]:
     """The record of a queued window's decision, as the exchange applied it (or not).
 
@@ -159,6 +161,8 @@ def pending_record(
         adaptive: Whether plans are applied (a proposal otherwise is a ``recommend``).
         run_id: The run's id.
         resumed_from: The run id this fit resumed, or None.
+        devices: Every rank's device identity (labels the report's legends), or empty.
+        note: Appended to the decision's reason ("training ended before its exchange").
 
     Returns:
         The record (:func:`build_record`).
@@ -167,7 +171,7 @@ def pending_record(
     assert isinstance(d, Decision)
     mine = applied is not None and d.plan == tuple(applied)
     kind = "recommend" if (d.kind == "propose" and not adaptive) else d.kind
-    return build_record(
+    record = build_record(
         e.window,
         d,
         e.info,
@@ -179,6 +183,11 @@ def pending_record(
         run_id=run_id,
         resumed_from=resumed_from,
     )
+    if note:
+        record["reason"] = f"{record['reason']}; {note}"
+    if len(devices) == len(record["plan"]):
+        record["devices"] = list(devices)
+    return record
 
 
 def decision_line(record: dict[str, Any]) -> str | None:

@@ -15,15 +15,17 @@ speedup, and changes nothing.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from lightning_rex.core.checks import is_integer, is_number, keywords_checked
+from lightning_rex.core.checks import keywords_checked
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
-from lightning_rex.core.settings import DecisionSettings, default_looks
+from lightning_rex.core.scaling.config import GlobalBatchScaling
+from lightning_rex.core.settings import DecisionSettings
+from lightning_rex.core.window_spec import WindowSpec
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.prior import PriorSource, load_prior
@@ -32,8 +34,7 @@ from lightning_rex.lightning.session import FitSession, SessionOptions, StepTime
 
 __all__ = ["RexCallback"]
 
-_D = DecisionSettings()  # the defaults, written once (core/settings.py)
-_L = LoopConfig()
+_D, _L, _W = DecisionSettings(), LoopConfig(), WindowSpec()  # the defaults, written once
 
 
 class RexCallback(Callback):
@@ -81,7 +82,7 @@ class RexCallback(Callback):
         global_batch: Global batch scaling (opt-in, off by default): the global batch
             follows goodput within ``[min_global_batch, max_global_batch]``, each change
             validated, the learning rate following the chosen rule (see
-            :class:`~lightning_rex.core.scaling.batch_scaling.GlobalBatchScaling`). Needs
+            :class:`~lightning_rex.core.scaling.config.GlobalBatchScaling`). Needs
             ``strategy="rex"`` and automatic optimization.
         hang_timeout: The hang watchdog (on several ranks): when a rank makes no progress in
             its training steps for this many seconds, or ``hang_factor`` times the slowest
@@ -111,52 +112,46 @@ class RexCallback(Callback):
     def __init__(
         self,
         alpha: float = _D.alpha,
-        window: int = _D.window,
+        window: int = _W.steps,
         persistence: int = _D.persistence,
         min_effect: float = _D.min_effect,
         max_growth: float = 2.0,
         decision_lag: int | None = None,
         background: bool = _L.background,
-        warmup: int = _L.warmup,
-        max_warmup: int = _L.max_warmup,
+        warmup: int = _W.warmup,
+        max_warmup: int = _W.max_warmup,
         seed: int = _D.seed,
         pool_by_device: bool = _D.pool_by_device,
         log_dir: str | None = None,
-        looks: int | None = _D.looks,
+        looks: int | None = _W.looks,
         global_batch: GlobalBatchScaling | None = None,
         hang_timeout: float | None = 600.0,
         hang_factor: float = 20.0,
         prior: PriorSource | None = None,
         verbose: bool = True,
     ) -> None:
-        # the loop first: its messages name the window and the looks
-        n_looks = looks if looks is not None else default_looks(window) if is_integer(window) else 1
-        self.loop = LoopConfig(
-            window, decision_lag, warmup, background, looks=n_looks, max_warmup=max_warmup
-        )
+        # one window object, for the loop and the controller's settings alike
+        spec = WindowSpec(window, looks, warmup, max_warmup)
+        self.loop = LoopConfig(spec, decision_lag, background)
         self.settings = DecisionSettings(
             alpha=alpha,
             min_effect=min_effect,
             persistence=persistence,
             seed=seed,
-            window=window,
-            looks=looks,
+            window=spec,
             pool_by_device=pool_by_device,
             global_batch=global_batch,
         )
-        if not (is_number(max_growth) and max_growth > 1.0):
-            raise ValueError(f"max_growth must be > 1, got {max_growth}")
-        if hang_timeout is not None and not (is_number(hang_timeout) and hang_timeout > 0):
-            raise ValueError(f"hang_timeout must be seconds > 0 or None, got {hang_timeout!r}")
-        if not (is_number(hang_factor) and hang_factor >= 1):
-            raise ValueError(f"hang_factor must be a number >= 1, got {hang_factor!r}")
-        self.max_growth, self.log_dir = float(max_growth), log_dir
-        self.hang_timeout = None if hang_timeout is None else float(hang_timeout)
-        self.hang_factor = float(hang_factor)
-        self.prior = None if prior is None else load_prior(prior)
-        if not isinstance(verbose, bool):
-            raise ValueError(f"verbose must be True or False, got {verbose!r}")
-        self.verbose = verbose
+        self._options = SessionOptions(
+            self.settings,
+            self.loop,
+            max_growth,
+            log_dir,
+            hang_timeout,
+            hang_factor,
+            prior=None if prior is None else load_prior(prior),
+            verbose=verbose,
+        )
         # tests and replays only: fn(rank, step, micro_batch) -> seconds replaces measurements
         self._step_time_fn: StepTimeFn | None = None
         self._loaded: dict[str, Any] | None = None
@@ -164,24 +159,9 @@ class RexCallback(Callback):
 
     # ------------------------------------------------------------------ configuration
     @property
-    def alpha(self) -> float:
-        """The imbalance test's family-wise level."""
-        return self.settings.alpha
-
-    @property
     def window(self) -> int:
         """Steps per observation window."""
-        return self.settings.window
-
-    @property
-    def persistence(self) -> int:
-        """Consecutive imbalanced windows before a rescale."""
-        return self.settings.persistence
-
-    @property
-    def min_effect(self) -> float:
-        """The practical effect threshold on the median ratio."""
-        return self.settings.min_effect
+        return self.settings.window.steps
 
     @property
     def global_batch(self) -> GlobalBatchScaling | None:
@@ -220,17 +200,7 @@ class RexCallback(Callback):
         Returns:
             The options.
         """
-        return SessionOptions(
-            self.settings,
-            self.loop,
-            self.max_growth,
-            self.log_dir,
-            self.hang_timeout,
-            self.hang_factor,
-            self._step_time_fn,
-            self.prior,
-            self.verbose,
-        )
+        return replace(self._options, step_time_fn=self._step_time_fn)
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

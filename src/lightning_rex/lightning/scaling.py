@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from lightning_rex.core.saved import StateError, field, real, whole
-from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
+from lightning_rex.core.scaling.config import GlobalBatchScaling
 from lightning_rex.core.scaling.noise_scale import LR_RULES, NoiseScale, lr_factor
 from lightning_rex.data.weighting import LossReduction, loss_scale
 

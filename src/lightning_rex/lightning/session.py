@@ -25,6 +25,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_rex.core import build
+from lightning_rex.core.checks import is_number
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
@@ -60,14 +61,19 @@ class SessionOptions:
 
     Attributes:
         settings: The decision parameters.
-        loop: The window loop's settings (whether it applies plans is the strategy's call).
-        max_growth: The memory bound's growth factor.
+        loop: The window loop's settings (whether it applies plans is the strategy's call);
+            its window is ``settings.window``, the same object.
+        max_growth: The memory bound's growth factor (> 1).
         log_dir: Where the decision log goes (None: the Trainer's log directory).
-        hang_timeout: The hang watchdog's floor in seconds (None: off).
-        hang_factor: The watchdog's multiple of the typical step.
+        hang_timeout: The hang watchdog's floor in seconds (> 0; None: off).
+        hang_factor: The watchdog's multiple of the typical step (>= 1).
         step_time_fn: Injected step times, in place of measurements (tests, replays).
         prior: Rates per device identity for a fresh fit's first plan, or None.
         verbose: Print one line per decision that is not a hold, on rank 0.
+
+    Raises:
+        ValueError: Naming the argument, for a value outside its range, or a loop whose
+            window is not the settings' own.
     """
 
     settings: DecisionSettings
@@ -80,12 +86,25 @@ class SessionOptions:
     prior: dict[str, list[float]] | None = None
     verbose: bool = True
 
+    def __post_init__(self) -> None:
+        if self.loop.window is not self.settings.window:
+            raise ValueError("the loop and the decision settings must share one WindowSpec")
+        if not (is_number(self.max_growth) and self.max_growth > 1.0):
+            raise ValueError(f"max_growth must be > 1, got {self.max_growth}")
+        timeout = self.hang_timeout
+        if timeout is not None and not (is_number(timeout) and timeout > 0):
+            raise ValueError(f"hang_timeout must be seconds > 0 or None, got {timeout!r}")
+        if not (is_number(self.hang_factor) and self.hang_factor >= 1):
+            raise ValueError(f"hang_factor must be a number >= 1, got {self.hang_factor!r}")
+        if not isinstance(self.verbose, bool):
+            raise ValueError(f"verbose must be True or False, got {self.verbose!r}")
+
 
 class FitSession:
     """One fit on one rank (see the module docstring); built by the callback.
 
     Args:
-        cb: The callback's options.
+        options: The callback's options.
         trainer: The Trainer.
         module: The LightningModule.
         target: The plan target (the strategy's sampler, or a frozen schedule).
@@ -94,33 +113,35 @@ class FitSession:
 
     def __init__(
         self,
-        cb: SessionOptions,
+        options: SessionOptions,
         trainer: pl.Trainer,
         module: pl.LightningModule,
         target: PlanTarget,
         adaptive: bool,
     ) -> None:
-        self.cb, self.trainer, self.target = cb, trainer, target
+        self.options, self.trainer, self.target = options, trainer, target
         self.strategy = trainer.strategy if isinstance(trainer.strategy, UnevenStrategy) else None
         device = trainer.strategy.root_device
         self.timer = ComputeTimer(device)
         self.telemetry = GpuTelemetry(device)
         # the memory bound is a pass cap (soft: a larger micro-batch runs as accumulation
         # passes); the user's max_micro_batch_size is the plans' hard bound, not this
-        self.memory = MemoryBound(device, None, cb.max_growth)
+        self.memory = MemoryBound(device, None, options.max_growth)
         # trainer.log_dir broadcasts from rank 0: every rank must ask for it
-        self.dir = cb.log_dir or trainer.log_dir or trainer.default_root_dir
+        self.dir = options.log_dir or trainer.log_dir or trainer.default_root_dir
         self.log: DecisionLog | None = None
         self._metrics: dict[str, float] = {}  # the latest record's, until a logging step
         self.step, self.comparable, self.started = 0, True, False
         self._injected_s = 0.0
         self.micro: list[int] = []
         self.driver = WindowDriver(
-            replace(cb.loop, apply_plans=adaptive),
+            replace(options.loop, apply_plans=adaptive),
             driver_collectives(device),
             target,
             self._decider,
-            check_decider_state=lambda d, b, n: build.check_decider_state(cb.settings, d, b, n),
+            check_decider_state=lambda d, b, n: build.check_decider_state(
+                options.settings, d, b, n
+            ),
             resolve=self.timer.window_row,
             caps=self._caps,
             telemetry=self._sample_telemetry if device.type == "cuda" else None,
@@ -128,7 +149,7 @@ class FitSession:
             on_exchange=self._progress,
             # injected step times run on their own clock: the wall clock of a test would add
             # the machine's load to every window's time outside compute
-            clock=time.perf_counter if cb.step_time_fn is None else self._injected_clock,
+            clock=time.perf_counter if options.step_time_fn is None else self._injected_clock,
         )
         self.timer.attach_to(module)
         self.scaling: TrainingScaling | None = None
@@ -136,12 +157,12 @@ class FitSession:
 
     @classmethod
     def open(
-        cls, cb: SessionOptions, trainer: pl.Trainer, module: pl.LightningModule
+        cls, options: SessionOptions, trainer: pl.Trainer, module: pl.LightningModule
     ) -> FitSession | None:
         """A session for the fit, or None when it cannot be monitored (no batch size).
 
         Args:
-            cb: The callback's options.
+            options: The callback's options.
             trainer: The Trainer.
             module: The LightningModule.
 
@@ -158,7 +179,7 @@ class FitSession:
                 return None
             n = trainer.world_size
             target = ScheduleTarget(PlanSchedule((int(bs),) * n, int(bs) * n), frozen=True)
-        return cls(cb, trainer, module, target, adaptive)
+        return cls(options, trainer, module, target, adaptive)
 
     def _injected_clock(self) -> float:
         """Seconds of injected step times so far (the driver's clock when times are injected)."""
@@ -176,7 +197,11 @@ class FitSession:
             module: The LightningModule.
             loaded: The callback's state from a checkpoint, or None.
         """
-        cfg, trainer, sched = self.cb.settings.global_batch, self.trainer, self.target.plan_schedule
+        cfg, trainer, sched = (
+            self.options.settings.global_batch,
+            self.trainer,
+            self.target.plan_schedule,
+        )
         saved = (loaded or {}).get("batch_scaling")
         if cfg is not None and self.driver.config.apply_plans:
             params = list(module.parameters())
@@ -188,7 +213,7 @@ class FitSession:
         key = "cuda" if trainer.strategy.root_device.type == "cuda" else "cpu"
         with self.driver.guard("reading the device's identity"):
             key = device_key(trainer.strategy.root_device, self.telemetry)
-        self.driver.start(steps_done(trainer), [key], loaded, self.cb.prior)
+        self.driver.start(steps_done(trainer), [key], loaded, self.options.prior)
         if loaded and self.driver.continued is False:
             resumed = self.target.resumed
             why = (resumed.reason if resumed is not None else "") or (
@@ -202,7 +227,7 @@ class FitSession:
                 f"the plan {sched.plan_at(self.driver.measuring_from)} (rates known per device: "
                 f"{sorted(loaded.get('device_rates', {}))})"
             )
-        timeout = self.cb.hang_timeout
+        timeout = self.options.hang_timeout
         store = default_store() if trainer.world_size > 1 and timeout is not None else None
         if store is not None and timeout is not None:
             self.watchdog = HangWatchdog(
@@ -211,7 +236,7 @@ class FitSession:
                 trainer.world_size,
                 self.driver.run_id,
                 timeout,
-                self.cb.hang_factor,
+                self.options.hang_factor,
             )
             self.watchdog.start()
 
@@ -219,7 +244,7 @@ class FitSession:
         keys = list(self.driver.device_keys)
         devices = [str(k) for k in keys] if len(keys) == len(plan) else None
         return build.build_decider(
-            self.cb.settings, plan, self.target.plan_schedule.global_batch, bounds, devices
+            self.options.settings, plan, self.target.plan_schedule.global_batch, bounds, devices
         )
 
     # ------------------------------------------------------------------ per step
@@ -271,7 +296,7 @@ class FitSession:
             return  # accumulating: the step is not done yet
         micro, self.micro = self.micro, []
         sample: Any = float("nan")
-        fn = self.cb.step_time_fn
+        fn = self.options.step_time_fn
         with self.driver.guard("closing the step's measurement"):
             sample = self.timer.take_step()
             self.memory.step_end(max((p for b in micro for p in self._passes(b)), default=0))
@@ -358,7 +383,7 @@ class FitSession:
             return
         # the loggers get the latest window's scalars at Lightning's next logging step
         self._metrics = window_metrics(record)
-        line = decision_line(record) if self.cb.verbose else None
+        line = decision_line(record) if self.options.verbose else None
         if line is not None:  # rank 0 writes the records
             DECISIONS.info(line)
 

@@ -29,11 +29,11 @@ from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan, even_plan
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.window import Window
+from lightning_rex.core.window_spec import WindowSpec
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.protocols import Decider, LocalCollectives, ScheduleTarget
 from lightning_rex.driver.scheduling import schedule_agreed
-from lightning_rex.sim.policies import OraclePolicy, RexPolicy
 from lightning_rex.sim.policy import Policy, PolicyInfo, as_policy, device_keys
 from lightning_rex.sim.scenario import Scenario
 from lightning_rex.sim.times import ScenarioTimes
@@ -290,13 +290,16 @@ def default_loop(
         ValueError: For settings the loop rejects (see
             :class:`~lightning_rex.driver.config.LoopConfig`).
     """
+    window = WindowSpec(
+        scenario.window,
+        1 if policy is None else int(policy.looks_for(scenario.window)),
+        WindowSpec.warmup if warmup is None else warmup,
+        WindowSpec.max_warmup if max_warmup is None else max_warmup,
+    )
     return LoopConfig(
-        window=scenario.window,
+        window,
         decision_lag=decision_lag,
-        warmup=LoopConfig.warmup if warmup is None else warmup,
-        max_warmup=LoopConfig.max_warmup if max_warmup is None else max_warmup,
         background=False,
-        looks=1 if policy is None else int(policy.looks_for(scenario.window)),
         estimate=False,  # the engine knows the true times: the oracle is its baseline
     )
 
@@ -310,9 +313,8 @@ def decider_for(policy: Policy) -> Decider:
     Returns:
         The decider.
     """
-    if isinstance(policy, RexPolicy):
-        return policy.controller  # the decider the builder made, driven as in training
-    return PolicyDecider(policy)
+    own = policy.decider()  # rex: the decider the builder made, driven as in training
+    return own if own is not None else PolicyDecider(policy)
 
 
 def simulate(
@@ -333,6 +335,7 @@ def simulate(
     n = s.world_size
     plan = even_plan(s.global_batch, n)
     policy = as_policy(policy)
+    loop = loop or default_loop(s, policy)  # its window is the one rex's controller gets
     info = PolicyInfo(
         s.global_batch,
         n,
@@ -346,9 +349,10 @@ def simulate(
         s.shape_change_s,
         s.shape_cache,
         pass_caps=None if s.pass_caps is None else tuple(s.pass_caps),
+        loop_window=loop.window,
     )
     policy.reset(info)
-    if isinstance(policy, OraclePolicy):
+    if policy.knows_the_curves:
         times = ScenarioTimes(s, seed, policy.plan_at(0))
         return _oracle(s, policy, times)
     times = ScenarioTimes(s, seed, plan)
@@ -360,7 +364,7 @@ def simulate(
         s.steps,
         times,
         decider_for(policy),
-        loop or default_loop(s, policy),
+        loop,
         min_size=s.min_size,
         comm=s.comm,
         initial_plan=first,
@@ -396,7 +400,7 @@ def _profile(policy: Policy, times: ScenarioTimes) -> tuple[float, Plan | None]:
     return seconds, None if first is None else tuple(int(b) for b in first)
 
 
-def _oracle(s: Scenario, oracle: OraclePolicy, times: ScenarioTimes) -> Trace:
+def _oracle(s: Scenario, oracle: Policy, times: ScenarioTimes) -> Trace:
     """The oracle switches at every event boundary, with no loop, lag or measurement."""
     out = np.empty(s.steps)
     for step in range(s.steps):

@@ -29,12 +29,13 @@ training measures them. The policies:
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from lightning_rex.core.plans.plan import Plan, even_plan
+from lightning_rex.driver.config import LoopConfig
 from lightning_rex.sim.adaptive_oracle import AdaptiveOraclePolicy
 from lightning_rex.sim.engine import decider_for, default_loop, run_loop
 from lightning_rex.sim.policies import EvenPolicy, RexPolicy, oracle_plan, oracle_step_s
@@ -167,7 +168,9 @@ def hindsight_batch(s: Scenario) -> tuple[int, float]:
     return int(grid[i]), float(total[i])
 
 
-def _policy(name: str, s: Scenario, seed: int, batch: int) -> tuple[Policy, PolicyInfo, Plan]:
+def _policy(
+    name: str, s: Scenario, seed: int, batch: int
+) -> tuple[Policy, PolicyInfo, Plan, LoopConfig]:
     w = _workload(s)
     if name == "fixed":
         pol: Policy = RexPolicy()
@@ -186,8 +189,10 @@ def _policy(name: str, s: Scenario, seed: int, batch: int) -> tuple[Policy, Poli
         pol, info = RexPolicy(), _info(s, seed, s.global_batch, w.batch_range)
     else:
         raise ValueError(f"unknown batch policy {name!r}; choose from {', '.join(BATCH_POLICIES)}")
+    loop = default_loop(s, pol)  # its window is the one rex's controller gets
+    info = replace(info, loop_window=loop.window)
     pol.reset(info)
-    return pol, info, pol.start_plan or info.initial_plan
+    return pol, info, pol.start_plan or info.initial_plan, loop
 
 
 def run_goodput(
@@ -211,7 +216,7 @@ def run_goodput(
     batch = s.global_batch
     if policy == "hindsight":
         batch = hindsight if hindsight is not None else hindsight_batch(s)[0]
-    pol, info, first = _policy(policy, s, seed, batch)
+    pol, info, first, loop = _policy(policy, s, seed, batch)
     times = ScenarioTimes(s, seed, first)
     norms = GradientNorms(w, seed)
     progress = [0.0]
@@ -231,7 +236,7 @@ def run_goodput(
         s.steps,
         times,
         decider_for(pol),
-        default_loop(s, pol),
+        loop,
         min_size=s.min_size,
         comm=s.comm,
         initial_plan=first,

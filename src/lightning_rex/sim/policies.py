@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core import build
-from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
 from lightning_rex.core.plans.planner import (
     affine_plan,
@@ -40,10 +39,11 @@ from lightning_rex.core.plans.planner import (
     water_fill,
 )
 from lightning_rex.core.plans.schedule import SizeBounds
-from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
+from lightning_rex.core.scaling.config import GlobalBatchScaling
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.core.window import Window
+from lightning_rex.driver.protocols import Decider
 from lightning_rex.sim.lbb import LBBPolicy
 from lightning_rex.sim.omnilearn import OmniLearnPolicy
 from lightning_rex.sim.policy import Policy, PolicyBase, PolicyInfo, device_keys
@@ -234,12 +234,11 @@ class RexPolicy(PolicyBase):
         prior: dict[str, list[float]] | None = None,
         **overrides: Any,
     ) -> None:
+        settings = replace(settings or DecisionSettings(), **overrides)
         if looks is not None:
-            overrides["looks"] = looks
-        self.settings = replace(settings or DecisionSettings(), **overrides)
+            settings = replace(settings, window=replace(settings.window, looks=looks))
+        self.settings = settings
         self.prior = prior
-        self.rollbacks = 0
-        self.decisions: list[Decision] = []
 
     def looks_for(self, window: int) -> int:
         """Looks per window for a scenario's window (what the simulator's loop gathers).
@@ -250,7 +249,7 @@ class RexPolicy(PolicyBase):
         Returns:
             The ``looks`` asked for, or training's default for that window.
         """
-        return replace(self.settings, window=window).looks_per_window
+        return self.settings.window.for_steps(window).looks_per_window
 
     def reset(self, info: PolicyInfo) -> None:
         """Build a fresh decider for the run (the one builder training uses)."""
@@ -258,7 +257,7 @@ class RexPolicy(PolicyBase):
         settings = replace(
             self.settings,
             seed=info.seed,
-            window=info.window,
+            window=info.loop_window or self.settings.window.for_steps(info.window),
             shape_change_s=info.shape_change_s,
             shape_cache=info.shape_cache,
         )
@@ -283,8 +282,6 @@ class RexPolicy(PolicyBase):
             bounds,
             info.devices,
         )
-        self.rollbacks = 0
-        self.decisions = []
 
     def observe_gradients(
         self, step: int, weighted_local_sq: float, global_sq: float, plan: Plan
@@ -300,12 +297,13 @@ class RexPolicy(PolicyBase):
         if isinstance(self.controller, ScalingDecider):
             self.controller.add_gradient_norms(weighted_local_sq, global_sq, plan)
 
-    def observe(self, window: Window) -> Plan | None:
-        """Forward the window; return the decision's plan."""
-        d = self.controller.observe(window)
-        self.decisions.append(d)
-        self.rollbacks += d.kind == "rollback"
-        return d.plan
+    def decider(self) -> Decider:
+        """The controller the builder made: the loop drives it as training does.
+
+        Returns:
+            The decider (the controller, or the controller and the batch scaler).
+        """
+        return self.controller
 
 
 class OraclePolicy(PolicyBase):
@@ -319,6 +317,7 @@ class OraclePolicy(PolicyBase):
     """
 
     name = "oracle"
+    knows_the_curves = True
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario

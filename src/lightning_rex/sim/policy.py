@@ -15,7 +15,13 @@ calls, on every policy alike:
   workload scenario: the step's gradient norms, as training measures them (global batch
   policies);
 * ``looks_for(window)``: how many times per window the loop gathers;
+* ``decider()``: a decider of the policy's own for the loop to drive instead of
+  ``observe`` (rex's controller, driven exactly as in training), or None;
+* ``knows_the_curves`` and ``plan_at(step)``: a policy that plans from the scenario's true
+  curves (the oracle) is scored without the loop;
 * ``rollbacks``: rollbacks the policy made itself, reported with the driver's.
+
+The engine asks these, never a policy's class.
 
 :class:`PolicyBase` gives every hook a no-op default; a policy of your own subclasses it and
 overrides what it needs, and runs with ``lightning_rex.sim.run(scenario, MyPolicy(), seed)``.
@@ -28,12 +34,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.window import Window
+from lightning_rex.core.window_spec import WindowSpec
+from lightning_rex.driver.protocols import Decider
 
 __all__ = ["Policy", "PolicyBase", "PolicyInfo", "as_policy", "device_keys"]
 
@@ -70,6 +78,8 @@ class PolicyInfo:
         batch_range: ``(min, max)`` global batches the policy may move the batch in (a
             workload scenario's batch policies), or None: the global batch is fixed.
         pass_caps: Per-rank pass caps (memory: soft, a larger size accumulates), or None.
+        loop_window: The window loop's own window object (steps, looks, warm-up), which
+            rex's controller is built with, or None: ``window`` steps with the policy's looks.
     """
 
     global_batch: int
@@ -86,37 +96,7 @@ class PolicyInfo:
     comm: float = 0.0
     batch_range: tuple[int, int] | None = None
     pass_caps: tuple[int | None, ...] | None = None
-
-
-class Policy(Protocol):
-    """The policy interface (see the module docstring)."""
-
-    name: str
-    rollbacks: int
-    start_plan: Plan | None
-
-    def reset(self, info: PolicyInfo) -> None:
-        """Prepare for a run."""
-
-    def observe(self, window: Window) -> Plan | None:
-        """Return a new plan to apply from the next window, or None."""
-
-    def observe_step(self, step: int, times: np.ndarray, plan: Plan) -> Plan | None:
-        """Return a new plan to apply from the next step, or None."""
-
-    def observe_gradients(
-        self, step: int, weighted_local_sq: float, global_sq: float, plan: Plan
-    ) -> None:
-        """Take one step's gradient norms (workload scenarios)."""
-
-    def profiling_plan(self) -> Any:
-        """Per-rank sizes of profiling steps to run before training, or None."""
-
-    def observe_profile(self, sizes: np.ndarray, times: np.ndarray) -> Plan | None:
-        """The first plan from the profiling steps' times, or None."""
-
-    def looks_for(self, window: int) -> int:
-        """Gathers per window."""
+    loop_window: WindowSpec | None = None
 
 
 class PolicyBase:
@@ -130,6 +110,9 @@ class PolicyBase:
     rollbacks: int = 0
     start_plan: Plan | None = None
     """The plan at step 0 when the policy chooses it without profiling (None: even)."""
+    knows_the_curves: bool = False
+    """The policy plans from the scenario's noise-free curves and events (:meth:`plan_at`),
+    with no loop, lag or measurement: the engine scores its plans directly (the oracle)."""
 
     def reset(self, info: PolicyInfo) -> None:
         """Prepare for a run (nothing by default).
@@ -205,6 +188,35 @@ class PolicyBase:
         """
         return 1
 
+    def decider(self) -> Decider | None:
+        """The decider the window loop drives, when the policy brings its own.
+
+        Returns:
+            None by default: the loop drives :meth:`observe` with every window (rex returns
+            the controller the builder made, which the loop drives as training does).
+        """
+        return None
+
+    def plan_at(self, step: int) -> Plan:
+        """The plan in force at ``step``, for a policy that knows the curves.
+
+        Args:
+            step: The step.
+
+        Returns:
+            The plan.
+
+        Raises:
+            NotImplementedError: For a policy that decides from its measurements
+                (``knows_the_curves`` False).
+        """
+        raise NotImplementedError(f"policy {self.name!r} decides from its measurements")
+
+
+#: The policy type the engine drives: every hook of :class:`PolicyBase` (see the module
+#: docstring), its defaults where a policy does not override them.
+Policy = PolicyBase
+
 
 class _Duck(PolicyBase):
     """A policy written without the base: its own hooks, the base's defaults for the rest.
@@ -253,6 +265,10 @@ class _Duck(PolicyBase):
     def looks_for(self, window: int) -> int:
         hook = self._hook("looks_for")
         return 1 if hook is None else int(hook(window))
+
+    def decider(self) -> Decider | None:
+        hook = self._hook("decider")
+        return None if hook is None else hook()
 
 
 def _plan(p: Any) -> Plan | None:

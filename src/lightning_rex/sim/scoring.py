@@ -18,7 +18,7 @@ from lightning_rex.core.plans.plan import even_plan
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.sim.engine import Trace, simulate
 from lightning_rex.sim.policies import OraclePolicy, make_policy
-from lightning_rex.sim.policy import Policy, PolicyInfo
+from lightning_rex.sim.policy import Policy, PolicyInfo, as_policy
 from lightning_rex.sim.scenario import Scenario
 
 __all__ = ["SimResult", "metrics", "run", "scored_run"]
@@ -184,7 +184,8 @@ def scored_run(
     pol = make_policy(policy, scenario) if isinstance(policy, str) else policy
     if oracle is None:
         oracle = simulate(scenario, OraclePolicy(scenario), seed)
-    trace = oracle if isinstance(pol, OraclePolicy) else simulate(scenario, pol, seed, loop=loop)
+    knows = as_policy(pol).knows_the_curves  # scored directly, as the oracle's trace is
+    trace = oracle if knows else simulate(scenario, pol, seed, loop=loop)
     return metrics(scenario, trace, oracle, seed), trace
 
 

@@ -1,7 +1,8 @@
 """Sequential looks: a window gathered in segments, closed early when the evidence is clear.
 
-With ``Controller(window_steps=W)`` the driver hands the controller *segments* of a window
-(``W / looks`` steps each, one gather per segment) instead of whole windows. The controller
+With a window of several looks (``Controller(window=WindowSpec(W, looks))``) the driver hands
+the controller *segments* of a window (``W / looks`` steps each, one gather per segment)
+instead of whole windows. The controller
 joins consecutive segments of one plan (:class:`SegmentBuffer`) and, after every segment,
 looks at the partial window:
 
@@ -32,11 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lightning_rex.core.decision import Decision
 from lightning_rex.core.stats.endings import ending_p_value
 from lightning_rex.core.stats.noninferiority import non_inferiority
 from lightning_rex.core.stats.persistence import cold_start_flagged, persistent_ranks, pointing
 from lightning_rex.core.stats.significance import imbalance_test
 from lightning_rex.core.window import Window
+from lightning_rex.core.window_spec import WindowSpec
 
 if TYPE_CHECKING:
     from lightning_rex.core.decide.controller_state import ControllerState
@@ -285,26 +288,16 @@ class Looks:
     """A controller's looks per window: the segments joined so far and each look's level.
 
     Args:
-        looks: Looks per window (1: whole windows only).
-        window_steps: Steps of a whole window; required when ``looks > 1``.
+        window: The window the loop gathers: ``looks_per_window`` segments of ``segment``
+            steps make a whole window (one look: whole windows only).
         validation_confidence: The validation's one-sided confidence over all its looks.
-
-    Raises:
-        ValueError: For ``looks < 1``, or ``looks > 1`` without ``window_steps``.
     """
 
-    def __init__(self, looks: int, window_steps: int | None, validation_confidence: float) -> None:
+    def __init__(self, window: WindowSpec, validation_confidence: float) -> None:
         from lightning_rex.core.decide.validating import MAX_WINDOWS
 
-        if int(looks) != looks or looks < 1:
-            raise ValueError(f"looks must be an integer >= 1, got {looks}")
-        if looks > 1 and window_steps is None:
-            raise ValueError("window_steps is required when looks > 1")
-        self.looks = int(looks)
-        # a whole window is `looks` segments of `window_steps // looks` steps, as the loop
-        # gathers them
-        whole = self.looks * (int(window_steps or 0) // self.looks)
-        self.segments = None if looks == 1 else SegmentBuffer(whole)
+        self.looks = window.looks_per_window
+        self.segments = None if self.looks == 1 else SegmentBuffer(window.whole)
         self.early_conf, self.whole_conf = validation_confidences(
             validation_confidence, self.looks, MAX_WINDOWS
         )
@@ -356,6 +349,26 @@ class Looks:
             self.segments.clear()
             return partial, partial
         return None, partial
+
+    def hold(self, state: ControllerState, partial: Window) -> Decision:
+        """The hold after a look that decided nothing: the window is not yet whole.
+
+        Args:
+            state: The controller's state.
+            partial: The window so far.
+
+        Returns:
+            A ``hold`` that names the steps looked at.
+        """
+        return Decision(
+            "hold",
+            None,
+            state.predicted if state.phase == "validating" else None,
+            float(partial.medians.max()),
+            None,
+            f"look after {partial.n_steps} of {self.window_steps} steps: not yet conclusive",
+            partial.step_end,
+        )
 
     def state_dict(self) -> list[dict[str, Any]]:
         """The segments held, as JSON-able data."""

@@ -51,7 +51,7 @@ def unpaid_shapes(
         return ""
     recent = recent_sizes(model.sizes, settings.shape_cache)
     new = [r for r, b in enumerate(plan) if b not in recent[r]]
-    horizon = settings.payback_windows * settings.window
+    horizon = settings.payback_windows * settings.window.steps
     if not new or gain_s * horizon >= 2.0 * cost:
         return ""
     return (

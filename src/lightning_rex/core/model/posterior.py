@@ -7,7 +7,7 @@ BoTorch's interface: :meth:`SplineAffineModel.posterior` returns a
 :class:`~botorch.posteriors.gpytorch.GPyTorchPosterior` whose mean and covariance are those
 of the exact GP with kernel ``k(b, b') = p_a + p_s u u' + s^2 phi(b)^T phi(b')`` and prior
 mean ``c0 u`` (``u = b / b_ref``) conditioned on the same data
-(``tests/core/test_posterior.py`` checks this against BoTorch's ``SingleTaskGP`` to 1e-6).
+(``tests/core/model/test_posterior.py`` checks this against BoTorch's ``SingleTaskGP`` to 1e-6).
 The covariance is a low-rank :mod:`linear_operator` (``F L (F L)^T``, ``L`` the Cholesky
 factor of the weights' covariance), so a mean over thousands of sizes and ranks never
 materialises a covariance matrix. The planner reads acquisitions from it with BoTorch's

@@ -46,10 +46,16 @@ from lightning_rex.core.scaling.noise_scale import (
     lr_factor,
     statistical_efficiency,
 )
+from lightning_rex.core.scaling.residual import (
+    GoodputObservation,
+    log_batch_input,
+    residual_gp,
+    residual_posterior,
+)
 from lightning_rex.core.stats.noninferiority import long_run_variance, non_inferiority
 
 if TYPE_CHECKING:  # torch loads when the scaler models goodput, not on import
-    import torch
+    pass
 
 __all__ = [
     "EARLY_STEPS",
@@ -57,7 +63,6 @@ __all__ = [
     "STEP_LIMIT",
     "BatchScaler",
     "BatchVerdict",
-    "GlobalBatchScaling",
 ]
 
 
@@ -104,14 +109,6 @@ class BatchVerdict:
 
 
 @dataclass
-class _Obs:
-    batch: int
-    log_t: float
-    var: float
-    pred: float
-
-
-@dataclass
 class BatchScaler:
     """The global batch's Bayesian optimisation and its noise scale (module docstring).
 
@@ -128,7 +125,7 @@ class BatchScaler:
     base_batch: int
     world_size: int
     noise: NoiseScale = field(init=False)
-    _obs: list[_Obs] = field(default_factory=list, init=False)
+    _obs: list[GoodputObservation] = field(default_factory=list, init=False)
     _since: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -185,7 +182,9 @@ class BatchScaler:
         if t.size < 2 or not np.all(np.isfinite(t)) or not 0 < predicted_s < math.inf:
             return
         var = max(long_run_variance(t) / t.size, 1e-6)
-        self._obs.append(_Obs(int(batch), float(t.mean()), var, math.log(predicted_s)))
+        self._obs.append(
+            GoodputObservation(int(batch), float(t.mean()), var, math.log(predicted_s))
+        )
         if len(self._obs) > _MAX_OBS:
             counts: dict[int, int] = {}
             for o in self._obs:
@@ -223,14 +222,6 @@ class BatchScaler:
         grid = np.geomspace(c.min_global_batch, c.max_global_batch, c.candidates)
         return np.unique(np.r_[np.round(grid).astype(np.int64), int(current)])
 
-    def _x(self, batch: np.ndarray) -> torch.Tensor:
-        import torch
-
-        c = self.config
-        lo, hi = math.log(c.min_global_batch), math.log(c.max_global_batch)
-        u = (np.log(np.asarray(batch, dtype=np.float64)) - lo) / (hi - lo)
-        return torch.as_tensor(u, dtype=torch.float64).reshape(-1, 1)
-
     def log_goodput(
         self, batches: np.ndarray, predict: Callable[[int], float]
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -246,38 +237,9 @@ class BatchScaler:
         b = np.asarray(batches, dtype=np.int64)
         prior = np.array([_log_time(predict(int(x))) for x in b])
         eff = np.log([self.efficiency(float(x)) for x in b])
-        resid_mean, resid_sd = self._residual(b)
+        resid_mean, resid_sd = residual_posterior(self._obs, self.config, b)
         mean = np.log(b) + eff - (prior + resid_mean)
         return mean, resid_sd
-
-    def _gp(self) -> Any:
-        import torch
-        from botorch.models import SingleTaskGP
-        from gpytorch.kernels import ScaleKernel
-
-        from lightning_rex.core.model.kernels import SplineKernel
-
-        x = self._x(np.array([o.batch for o in self._obs]))
-        y = torch.tensor([[o.log_t - o.pred] for o in self._obs], dtype=torch.float64)
-        yvar = torch.tensor([[o.var] for o in self._obs], dtype=torch.float64)
-        kernel = ScaleKernel(SplineKernel(num_basis=8, lower=0.0, upper=1.0))
-        kernel.outputscale = 0.1**2  # residuals of about 10% of the step time, a priori
-        model = SingleTaskGP(x, y, yvar, covar_module=kernel, outcome_transform=None)
-        model.mean_module.constant.data.fill_(0.0)
-        model.eval()
-        return model
-
-    def _residual(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        import torch
-
-        if not self._obs:
-            return np.zeros(len(batches)), np.full(len(batches), 0.1)
-        model = self._gp()
-        with torch.no_grad():
-            post = model.posterior(self._x(batches))
-            mean = post.mean.reshape(-1).numpy()
-            sd = post.variance.clamp_min(0).sqrt().reshape(-1).numpy()
-        return mean, sd
 
     def propose(self, current: int, predict: Callable[[int], float]) -> tuple[int, float] | None:
         """The next global batch, or None when none is predicted ``min_gain`` better.
@@ -303,9 +265,10 @@ class BatchScaler:
         if self._obs:
             from botorch.acquisition import UpperConfidenceBound
 
-            acq = UpperConfidenceBound(self._gp(), beta=self.config.beta**2, maximize=False)
+            model = residual_gp(self._obs, self.config)
+            acq = UpperConfidenceBound(model, beta=self.config.beta**2, maximize=False)
             with torch.no_grad():
-                ucb = known + acq(self._x(grid).unsqueeze(1)).numpy()
+                ucb = known + acq(log_batch_input(grid, self.config).unsqueeze(1)).numpy()
         else:
             ucb = mean + self.config.beta * sd
         # a trust region: the rank model extrapolates poorly far from the sizes it has run,
@@ -430,7 +393,7 @@ class BatchScaler:
             if not isinstance(o, (list, tuple)) or len(o) != 4:
                 raise StateError(where, "must be [batch, log time, variance, log prediction]")
             obs.append(
-                _Obs(
+                GoodputObservation(
                     whole(o[0], f"{where}[0]", lo, hi),
                     real(o[1], f"{where}[1]"),
                     real(o[2], f"{where}[2]", positive=True),

@@ -46,12 +46,11 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core.decide.controller import Controller
-from lightning_rex.core.decide.controller_state import check_controller_state
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.proposal import best_plans_for
-from lightning_rex.core.saved import StateError, field, float_list, int_list, whole
-from lightning_rex.core.scaling.batch_scaling import BatchScaler, GlobalBatchScaling
+from lightning_rex.core.scaling.batch_scaling import BatchScaler
+from lightning_rex.core.scaling.saved_state import check_scaling_state
 from lightning_rex.core.window import Window
 
 __all__ = ["ScalingDecider"]
@@ -243,17 +242,17 @@ class ScalingDecider:
             return Decision(
                 "accept", None, None, measured, None, what, window.step_end, validated=True
             )
-        was_steady = self.controller.state == "steady" and window.plan == self.controller.plan
+        was_steady = self.controller.phase == "steady" and window.plan == self.controller.plan
         d = self.controller.observe(window)
         self._forget()
         in_force = window.plan == self.controller.plan
-        steady = self.controller.state == "steady" and in_force
+        steady = self.controller.phase == "steady" and in_force
         # A re-split of the batch in force, just proposed from a steady plan or under
         # validation, gives way to a large gain of the batch (below): at the start, the
         # controller's first split would otherwise hold the batch at B0 through its whole
         # validation, and the new batch comes with a split of its own.
         proposed = d.kind == "propose" and was_steady and d.plan is not None and sum(d.plan) == b
-        trying = d.kind == "hold" and self.controller.state == "validating" and in_force
+        trying = d.kind == "hold" and self.controller.phase == "validating" and in_force
         resplit = proposed or trying
         if not (resplit or (d.kind == "hold" and steady)) or self.controller.model.n_obs == 0:
             return d  # (the rank model has no window yet: a partial first window)
@@ -388,67 +387,9 @@ class ScalingDecider:
                 "recent": list(self._recent),
             }
 
-    @staticmethod
-    def check_state(
-        d: Any,
-        global_batch: int,
-        world_size: int,
-        config: GlobalBatchScaling | None = None,
-    ) -> dict[str, Any]:
-        """Check a saved state without loading it (every rank runs it before a resume).
-
-        Args:
-            d: A dict from :meth:`state_dict`.
-            global_batch: The run's (first) global batch.
-            world_size: The number of ranks.
-            config: The run's scaling settings: the controller's batch, the change under
-                validation and the scaler's observations must lie in its range, and the
-                scaler's state must be its (None: only the shapes are checked).
-
-        Returns:
-            The state, normalised.
-
-        Raises:
-            StateError: Naming the field that is missing or malformed.
-        """
-        lo, hi = (
-            (config.min_global_batch, config.max_global_batch)
-            if config is not None
-            else (world_size, None)
-        )
-        if not isinstance(d, dict):
-            raise StateError("decider", f"must be a mapping, got {type(d).__name__}")
-        ctl = check_controller_state(field(d, "controller", "decider"), global_batch, world_size)
-        batch = sum(ctl["plan"])
-        if batch < lo or (hi is not None and batch > hi):
-            raise StateError(
-                "decider.controller.global_batch",
-                f"is {batch}, outside the global batch range [{lo}, {hi}]",
-            )
-        scaler = field(d, "scaler", "decider")
-        if config is not None:
-            scaler = BatchScaler.check_state(scaler, config, global_batch, "decider.scaler")
-        change = field(d, "change", "decider")
-        if change is not None:
-            old = whole(field(change, "batch", "decider.change"), "decider.change.batch", lo, hi)
-            plan = int_list(
-                field(change, "plan", "decider.change"), "decider.change.plan", world_size, 1
-            )
-            if sum(plan) != old:
-                raise StateError(
-                    "decider.change.plan", f"must sum to the batch {old}, got {sum(plan)}"
-                )
-            base = float_list(
-                field(change, "baseline", "decider.change"), "decider.change.baseline", None, True
-            )
-            change = {"batch": old, "plan": tuple(plan), "baseline": base}
-        return {
-            "controller": ctl,
-            "scaler": scaler,
-            "change": change,
-            "trial": float_list(field(d, "trial", "decider"), "decider.trial", None, True),
-            "recent": float_list(field(d, "recent", "decider"), "decider.recent", None, True),
-        }
+    #: Check a saved state without loading it (every rank runs it before a resume): see
+    #: :func:`~lightning_rex.core.scaling.saved_state.check_scaling_state`.
+    check_state = staticmethod(check_scaling_state)
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output, after checking it.

@@ -15,7 +15,7 @@ Method, for a window of ``N`` ranks x ``K`` steps:
    autocorrelation of the within-rank centred ranks, pooled over ranks and corrected for its
    small-sample bias (``+ (1 + 4 rho) / K``) plus one standard error
    (``+ 1 / sqrt(N K)``); ``f >= 1``. The false-positive rate at CV 0.3,
-   AR(1) 0.5 is measured in ``tests/core/test_significance.py``.
+   AR(1) 0.5 is measured in ``tests/core/stats/test_significance.py``.
 3. **Selection corrected.** Each rank gets two one-sided p-values, "slower than the others"
    and "faster than the others"; Holm's step-down correction runs over all ``2N``, so
    picking the most extreme rank is accounted for (family-wise error <= ``alpha``).

@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from lightning_rex.core.scaling.batch_scaling import BatchScaler, GlobalBatchScaling
+from lightning_rex.core.scaling.batch_scaling import BatchScaler
+from lightning_rex.core.scaling.config import GlobalBatchScaling
 
 N, B0, PHI = 4, 64, 1000.0
 OVERHEAD, RATE = 0.02, 4000.0  # the best plan's step time is 0.02 s + B / 4000 samples/s

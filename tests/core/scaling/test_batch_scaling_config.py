@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lightning_rex.core.scaling.batch_scaling import GlobalBatchScaling
+from lightning_rex.core.scaling.config import GlobalBatchScaling
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from tests.helpers.noise import ar1_lognormal
 from lightning_rex.core.decide.controller import Controller
 from lightning_rex.core.decide.looks import SegmentBuffer, validation_confidences
 from lightning_rex.core.window import Window
+from lightning_rex.core.window_spec import WindowSpec
 
 N, B, W = 16, 1024, 30
 
@@ -51,17 +52,10 @@ def test_validation_spends_its_error_budget_over_every_look():
     assert validation_confidences(0.95, 1, 2) == (1.0, pytest.approx(0.975))
 
 
-def test_looks_need_the_window_length():
-    with pytest.raises(ValueError, match="window_steps"):
-        Controller(B, N, looks=3)
-    with pytest.raises(ValueError, match="looks"):
-        Controller(B, N, looks=0, window_steps=W)
-
-
 def settled(looks, seed=0):
     """A controller past its cold start, with 3 steady windows of the even plan behind it."""
     rng = np.random.default_rng(seed)
-    c = Controller(B, N, seed=seed, looks=looks, window_steps=W)
+    c = Controller(B, N, seed=seed, window=WindowSpec(W, looks))
     step = 0
     for w in range(4):
         for _ in range(looks):
@@ -69,7 +63,7 @@ def settled(looks, seed=0):
             step += W // looks
             if w == 0 and d.kind == "propose":
                 c.decline()
-    assert c.state == "steady"
+    assert c.phase == "steady"
     return c, rng, step
 
 
@@ -122,7 +116,7 @@ def test_cold_start_acts_on_half_slow_clusters_within_one_window():
     # 8 ranks 1.6x slower at the even plan: the first look (10 steps) or the first window
     for seed in range(5):
         rng = np.random.default_rng(seed)
-        c = Controller(B, N, seed=seed, looks=3, window_steps=W)
+        c = Controller(B, N, seed=seed, window=WindowSpec(W, 3))
         for i in range(3):
             d = c.observe(seg(rng, c.plan, 10 * i, slow=range(8, 16)))
             if d.kind == "propose":
@@ -137,7 +131,7 @@ def test_a_partial_window_survives_a_state_round_trip():
     c.observe(seg(rng, c.plan, step, slow=[3]))
     c.observe(seg(rng, c.plan, step + 10, slow=[3]))
     state = json.loads(json.dumps(c.state_dict()))
-    d = Controller(B, N, looks=3, window_steps=W)
+    d = Controller(B, N, window=WindowSpec(W, 3))
     d.load_state_dict(state)
     nxt = seg(rng, c.plan, step + 20, slow=[3])
     a, b = c.observe(nxt), d.observe(nxt)

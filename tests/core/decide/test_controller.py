@@ -8,6 +8,7 @@ from tests.helpers.noise import ar1_lognormal
 
 from lightning_rex.core.decide.controller import Controller, Decision
 from lightning_rex.core.window import Window
+from lightning_rex.core.window_spec import WindowSpec
 
 RATES = np.array([1000.0, 2000.0, 3000.0, 3000.0])
 
@@ -87,9 +88,9 @@ def test_rollback_keeps_observations_and_restores_plan():
     assert c.plan == old and c.model.n_obs == n_obs + 1
     # windows still under the rejected plan are ignored
     assert c.observe(window(new, rng, 90)).kind == "hold"
-    assert c.state == "rolling_back"
+    assert c.phase == "rolling_back"
     c.observe(window(old, rng, 120))
-    assert c.state == "steady"
+    assert c.phase == "steady"
 
 
 def test_a_plan_set_outside_the_controller_is_adopted_and_monitoring_goes_on():
@@ -122,7 +123,7 @@ def test_a_manual_plan_during_validation_or_rollback_is_adopted():
     assert c.observe(window(c.plan, rng, 0)).kind == "propose"
     manual = (64, 128, 160, 160)
     d = c.observe(window(manual, rng, 30))
-    assert "adopted" in d.reason and c.state == "steady" and c.plan == manual
+    assert "adopted" in d.reason and c.phase == "steady" and c.plan == manual
 
 
 def test_check_state_names_the_field():
@@ -164,7 +165,7 @@ def test_set_bounds_is_respected_by_the_next_proposal():
     c = Controller(512, 4, seed=0)
     rng = np.random.default_rng(0)
     drive(c, rng, 4)
-    while c.state != "steady":
+    while c.phase != "steady":
         c.observe(window(c.plan, rng, 120))
     c.set_bounds(1, [None, None, 140, 140])
     d = c.observe(window(c.plan, rng, 300))
@@ -215,7 +216,7 @@ def test_decline_keeps_the_old_plan():
     d = c.observe(window(c.plan, np.random.default_rng(0), 0))
     assert d.kind == "propose"
     c.decline()
-    assert c.plan == (128, 128, 128, 128) and c.state == "steady"
+    assert c.plan == (128, 128, 128, 128) and c.phase == "steady"
 
 
 def test_hyperparameters_are_refitted_from_6_windows_on_and_then_rarely():
@@ -236,7 +237,7 @@ def test_hyperparameters_are_refitted_from_6_windows_on_and_then_rarely():
 
 def test_a_refit_waits_for_a_decision_that_does_not_plan(monkeypatch):
     """A proposal never also waits for a BoTorch fit: the fit it found due runs next."""
-    import lightning_rex.core.decide.controller as controller
+    import lightning_rex.core.decide.changes as controller
 
     planned = []
     plan = controller.propose_plan
@@ -292,9 +293,9 @@ def test_decline_of_an_unapplied_rollback_keeps_the_plan_in_force():
     bad = d.plan
     # the new plan measures far slower than predicted: rolled back
     r = c.observe(window(bad, rng, 30, factor=np.array([3.0, 3.0, 3.0, 3.0])))
-    assert r.kind == "rollback" and c.state == "rolling_back"
+    assert r.kind == "rollback" and c.phase == "rolling_back"
     c.decline()  # training ended before the rollback was applied: `bad` stays in force
-    assert c.state == "steady" and c.plan == bad
+    assert c.phase == "steady" and c.plan == bad
     assert c.observe(window(bad, rng, 60)).reason != "rollback not yet in force"
 
 
@@ -346,7 +347,7 @@ def validation_rates(factor, trials=100, steady=5, looks=1):
     rolled, longer = 0, 0
     for trial in range(trials):
         rng = np.random.default_rng(10_000 + trial)
-        c = Controller(256, 8, seed=trial, looks=looks, window_steps=30)
+        c = Controller(256, 8, seed=trial, window=WindowSpec(30, looks))
         for w in range(steady):
             for seg in segments(ar1_window(c.plan, rng, 30 * w), looks):
                 d = c.observe(seg)
@@ -366,7 +367,7 @@ def validation_rates(factor, trials=100, steady=5, looks=1):
             ds.append(c.observe(seg))
             if ds[-1].kind != "hold":
                 break
-            assert c.state == "validating"
+            assert c.phase == "validating"
         d = ds[-1]
         longer += len(ds) > 1
         assert d.kind in ("rollback", "accept", "propose")
@@ -417,7 +418,7 @@ def test_validation_edge_cases_and_uneven_window_lengths_resume():
     c.try_plan(new)
     short = Window(np.full((8, 1), 0.03), new, 90, 91)
     d = c.observe(short)  # one step cannot be compared: held, not counted as a look
-    assert d.kind == "hold" and "too short" in d.reason and c.state == "validating"
+    assert d.kind == "hold" and "too short" in d.reason and c.phase == "validating"
     # windows of different lengths (the driver drops unusable steps) survive a checkpoint
     c.observe(Window(ar1_window(new, rng, 91).times[:, :29], new, 91, 120))
     snap = json.loads(json.dumps(c.state_dict()))
@@ -445,7 +446,7 @@ def test_finds_the_best_plan_past_an_unvisited_staircase_edge(looks):
     k = 30 // looks
     for seed in range(10):
         rng = np.random.default_rng(seed)
-        c = Controller(256, 4, seed=seed, looks=looks, window_steps=30)
+        c = Controller(256, 4, seed=seed, window=WindowSpec(30, looks))
         ratio = []
         for i in range(12 * looks):
             t = staircase_truth(c.plan)[:, None] * np.exp(rng.normal(0, 0.05, (4, k)))
@@ -470,7 +471,7 @@ def test_global_batch_changes_keep_the_model_and_round_trip():
     _, t512 = c.predict_step_time(512)
     assert t > t512
     c.set_global_batch(1024, plan)
-    assert c.global_batch == 1024 and c.plan == plan and c.state == "steady"
+    assert c.global_batch == 1024 and c.plan == plan and c.phase == "steady"
     d = c.observe(window(plan, rng, 400))
     assert d.kind == "hold" and "outside" not in d.reason  # the new plan is the plan in force
     state = json.loads(json.dumps(c.state_dict()))
@@ -503,7 +504,7 @@ def test_finds_the_plan_at_a_tiles_end_and_then_stops_changing(seed):
     hypotheses never reached it (20-38 changes in 60 windows, 1.03-1.06x the optimum)."""
     best = (96, 96, 32, 32)
     rng = np.random.default_rng(seed)
-    c = Controller(256, 4, seed=seed, looks=3, window_steps=30)
+    c = Controller(256, 4, seed=seed, window=WindowSpec(30, 3))
     plans = []
     for i in range(120):
         t = tile_truth(c.plan)[:, None] * np.exp(rng.normal(0, 0.05, (4, 10)))

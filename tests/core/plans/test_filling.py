@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.core.reference_water_fill import water_fill as reference
+from tests.core.plans.reference_water_fill import water_fill as reference
 
 from lightning_rex.core.plans import filling
 from lightning_rex.core.plans.filling import water_fill, water_fill_many

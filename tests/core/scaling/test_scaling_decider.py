@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 
 from lightning_rex.core.decide.controller import Controller
-from lightning_rex.core.scaling.batch_scaling import BatchScaler, GlobalBatchScaling
+from lightning_rex.core.scaling.batch_scaling import BatchScaler
+from lightning_rex.core.scaling.config import GlobalBatchScaling
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.window import Window
+from lightning_rex.core.window_spec import WindowSpec
 
 N, B0, PHI = 4, 64, 2000.0
 RATES = np.array([1000.0, 1000.0, 2000.0, 2000.0])
@@ -96,7 +98,7 @@ def test_segments_before_the_first_whole_window_are_not_evidence_yet():
     # the scaler must wait (it once asked the empty model for a prediction and failed)
     rng = np.random.default_rng(0)
     cfg = GlobalBatchScaling(16, 1024, min_noise_steps=0, windows_between=1)
-    c = Controller(B0, N, seed=0, max_global_batch=1024, looks=3, window_steps=30)
+    c = Controller(B0, N, seed=0, max_global_batch=1024, window=WindowSpec(30, 3))
     dec = ScalingDecider(c, BatchScaler(cfg, B0, N), window_steps=30)
     feed(dec, rng, 50)
     for i in range(3):
@@ -191,7 +193,7 @@ def test_a_large_batch_gain_goes_before_a_resplit_of_the_old_batch(seed):
     the batch at B0 (the first change came at step 80 or later for seeds 0 and 1)."""
     rng = np.random.default_rng(seed)
     cfg = GlobalBatchScaling(16, 1024, min_noise_steps=10, windows_between=1)
-    c = Controller(B0, N, seed=seed, max_global_batch=1024, looks=3, window_steps=30)
+    c = Controller(B0, N, seed=seed, max_global_batch=1024, window=WindowSpec(30, 3))
     dec = ScalingDecider(c, BatchScaler(cfg, B0, N), window_steps=30)
     step, first = 0, None
     while first is None and step < 120:
@@ -201,6 +203,6 @@ def test_a_large_batch_gain_goes_before_a_resplit_of_the_old_batch(seed):
         if d.kind == "propose" and sum(d.plan) != B0:
             first = d
     assert first is not None and step <= 60, step
-    assert dec.controller.state == "steady" and dec.global_batch == sum(first.plan)
+    assert dec.controller.phase == "steady" and dec.global_batch == sum(first.plan)
     dec.decline()  # the plan to return to is a validated plan of B0, not a dropped trial
-    assert dec.global_batch == B0 and dec.controller.state == "steady" and sum(dec.plan) == B0
+    assert dec.global_batch == B0 and dec.controller.phase == "steady" and sum(dec.plan) == B0

@@ -125,13 +125,13 @@ def test_pass_caps_round_trip_and_old_states_load():
 
 def test_the_controller_takes_pass_caps_as_soft():
     c = Controller(48, 3, pass_caps=CAPS)
-    assert c.pass_caps == [12, None, 8] and c.max_sizes is None
+    assert c.pass_caps == [12, None, 8] and c.bounds.rank_caps is None
     rng = np.random.default_rng(1)
     w = Window(0.5 * np.exp(rng.normal(0, 0.01, (3, 30))), (16, 16, 16), 0, 30)
     assert c.observe(w).kind == "hold"  # balanced: nothing to do
     c.set_pass_caps([12, None, 6])
     assert c.model.pass_cap_list == [12, None, 6]
     c.try_plan((30, 10, 8))  # above rank 0's cap: a priced size, not a broken bound
-    assert c.state == "validating"
+    assert c.phase == "validating"
     with pytest.raises(ValueError, match="pass_caps must have 3 entries"):
         c.set_pass_caps([4])
