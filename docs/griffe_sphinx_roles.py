@@ -18,8 +18,8 @@ _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const):`(
 # modules left out of the API pages (being written elsewhere, or command-line entry points)
 _SKIP = (
     "lightning_rex.__main__",
-    "lightning_rex.sim.cli",
-    "lightning_rex.sim.trace",
+    "lightning_rex.sim.cli.simulate",
+    "lightning_rex.sim.cli.trace",
     "lightning_rex.tools.bench",
     "lightning_rex.tools.report",
     "lightning_rex.tools.plots",

@@ -319,7 +319,7 @@ def render_defaults(_: dict[str, Any]) -> dict[str, str]:
 def _presets() -> str:
     """The simulator's plan presets: what each models, from its code and docstring."""
     from lightning_rex.sim import load_scenario
-    from lightning_rex.sim.presets import PRESETS
+    from lightning_rex.sim.scenarios.presets import PRESETS
 
     rows = [
         "| preset | ranks | steps | global batch | new shape costs | what it models |",
@@ -348,7 +348,7 @@ def _constants() -> str:
     from lightning_rex.core.stats import persistence
     from lightning_rex.lightning.watchdog import HangWatchdog
     from lightning_rex.measure.telemetry import MemoryBound
-    from lightning_rex.sim import pollux
+    from lightning_rex.sim.policies import pollux
     from lightning_rex.tools import emulator
 
     prior = [math.exp(p) for p in tiles.LOG_PRIOR]

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The configured :class:`argparse.ArgumentParser`.
     """
-    from lightning_rex.sim import cli as sim_cli
+    from lightning_rex.sim.cli import simulate as sim_cli
     from lightning_rex.tools import bench_cli, report
 
     parser = argparse.ArgumentParser(

@@ -9,10 +9,10 @@ import pytest
 
 from lightning_rex.core.plans.planner import plan_from_device_rates
 from lightning_rex.driver.prior import fit_rate, load_prior
-from lightning_rex.sim.engine import simulate
-from lightning_rex.sim.policies import OraclePolicy, oracle_plan
-from lightning_rex.sim.schema import load_scenario
-from lightning_rex.sim.trace import run_traced
+from lightning_rex.sim.cli.trace import run_traced
+from lightning_rex.sim.policies.builtin import OraclePolicy, oracle_plan
+from lightning_rex.sim.run.engine import simulate
+from lightning_rex.sim.scenarios.schema import load_scenario
 
 
 def test_an_affine_curve_is_fitted_exactly():

@@ -5,22 +5,13 @@
 oracle on the same noise. Every policy is driven through
 :class:`~lightning_rex.driver.loop.WindowDriver`, so it pays what training pays (warm-up,
 decision lag, samples dropped after a change). Policies follow the interface documented in
-:mod:`lightning_rex.sim.policies`; the published peers are :class:`LBBPolicy` and
+:mod:`lightning_rex.sim.policies.builtin`; the published peers are :class:`LBBPolicy` and
 :class:`OmniLearnPolicy`; :func:`run_loop` runs the loop on any per-rank step times.
 """
 
-from lightning_rex.sim import cli
-from lightning_rex.sim.engine import (
-    LoopRun,
-    PolicyDecider,
-    Trace,
-    default_loop,
-    run_loop,
-    simulate,
-)
-from lightning_rex.sim.lbb import LBBPolicy
-from lightning_rex.sim.omnilearn import OmniLearnPolicy
-from lightning_rex.sim.policies import (
+from lightning_rex.sim.cli import simulate as cli
+from lightning_rex.sim.policies.base import Policy, PolicyBase, PolicyInfo
+from lightning_rex.sim.policies.builtin import (
     EvenPolicy,
     OraclePolicy,
     ProportionalPolicy,
@@ -28,11 +19,20 @@ from lightning_rex.sim.policies import (
     StaticPolicy,
     make_policy,
 )
-from lightning_rex.sim.policy import Policy, PolicyBase, PolicyInfo
-from lightning_rex.sim.presets import PRESETS
-from lightning_rex.sim.scenario import Scenario, ScenarioError
-from lightning_rex.sim.schema import load_scenario, scenario_from_dict
-from lightning_rex.sim.scoring import SimResult, metrics, run, scored_run
+from lightning_rex.sim.policies.lbb import LBBPolicy
+from lightning_rex.sim.policies.omnilearn import OmniLearnPolicy
+from lightning_rex.sim.run.engine import (
+    LoopRun,
+    PolicyDecider,
+    Trace,
+    default_loop,
+    run_loop,
+    simulate,
+)
+from lightning_rex.sim.run.scoring import SimResult, metrics, run, scored_run
+from lightning_rex.sim.scenarios.presets import PRESETS
+from lightning_rex.sim.scenarios.scenario import Scenario, ScenarioError
+from lightning_rex.sim.scenarios.schema import load_scenario, scenario_from_dict
 
 __all__ = [
     "PRESETS",

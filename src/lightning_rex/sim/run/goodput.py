@@ -1,0 +1,272 @@
+"""Time to a training target under global batch policies: goodput in the simulator.
+
+On a scenario with a ``workload`` (:mod:`lightning_rex.sim.scenarios.workload`), :func:`run_goodput`
+runs a global batch policy through the same window loop as every other policy
+(:func:`~lightning_rex.sim.run.engine.run_loop`), on the scenario's noisy step times, and ends the
+run when the workload's progress reaches its target. Every step advances the progress by
+``B * E(B)`` at the batch in force, and hands the policy that step's gradient norms as
+training measures them. The policies:
+
+* ``fixed``: ``B0`` (the scenario's ``global_batch``) throughout, split by rex's controller
+  (global batch scaling off): what a user who leaves scaling off gets;
+* ``hindsight``: the best fixed batch, found with hindsight by a scan of the noise-free
+  curves and the workload (:func:`hindsight_batch`), run from the first step with the
+  oracle's plan for it: the limit of any fixed choice;
+* ``pollux``: Pollux's goodput-optimal batch, re-chosen every 30 s, with its even split
+  (:class:`~lightning_rex.sim.policies.pollux.PolluxPolicy`);
+* ``pollux-split``: the same batch choice, each batch split by the oracle's minimax plan
+  (:func:`~lightning_rex.sim.policies.builtin.oracle_plan`): what Pollux's choice reaches once the
+  split is as good as it gets, so that rex against it measures rex's batch choice alone;
+* ``adaptive-oracle``: the goodput-optimal batch and its minimax plan at every step, from
+  the true statistics and curves (:class:`~lightning_rex.sim.policies.adaptive_oracle.
+  AdaptiveOraclePolicy`): the limit of the goodput problem;
+* ``rex``: :class:`~lightning_rex.sim.policies.builtin.RexPolicy` with global batch scaling on over
+  the workload's batch range: the :class:`~lightning_rex.core.scaling.scaling_decider.
+  ScalingDecider` that :func:`~lightning_rex.core.build.build_decider` builds for training,
+  fed the same per-step gradient norms.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from lightning_rex.core.plans.plan import Plan, even_plan
+from lightning_rex.driver.config import LoopConfig
+from lightning_rex.sim.policies.adaptive_oracle import AdaptiveOraclePolicy
+from lightning_rex.sim.policies.base import Policy, PolicyInfo
+from lightning_rex.sim.policies.builtin import EvenPolicy, RexPolicy, oracle_plan, oracle_step_s
+from lightning_rex.sim.policies.pollux import PolluxPolicy
+from lightning_rex.sim.run.engine import decider_for, default_loop, run_loop
+from lightning_rex.sim.run.times import ScenarioTimes
+from lightning_rex.sim.scenarios.scenario import Scenario
+from lightning_rex.sim.scenarios.workload import GradientNorms, Workload
+
+__all__ = ["BATCH_POLICIES", "GoodputResult", "hindsight_batch", "run_goodput"]
+
+BATCH_POLICIES = ("fixed", "hindsight", "pollux", "pollux-split", "adaptive-oracle", "rex")
+"""The global batch policies :func:`run_goodput` runs."""
+
+_SCAN = 32
+"""Batch sizes the hindsight scan tries (geometric over the range, with ``B0``)."""
+
+
+@dataclass
+class GoodputResult:
+    """One global batch policy's run to the target (the CLI's JSON fields).
+
+    Attributes:
+        scenario: The scenario name.
+        seed: The noise seed.
+        policy: The policy name.
+        time_to_target_s: Simulated seconds to the target, or None when the run's ``steps``
+            ended first.
+        steps: Steps run.
+        reached: Whether the target was reached.
+        mean_batch: The global batch averaged over the steps.
+        final_batch: The global batch at the end.
+        batch_changes: Changes of the global batch applied.
+        first_batch_change_step: The first step at another batch than the start's, or None.
+        rollbacks: Decisions that rolled a change back (rex's).
+        decision_ms_p50: Median wall-clock milliseconds of one window decision (rex, fixed).
+        decision_ms_p99: Their 99th percentile.
+        batches: ``[first step, global batch]`` of every batch in force.
+    """
+
+    scenario: str
+    seed: int
+    policy: str
+    time_to_target_s: float | None
+    steps: int
+    reached: bool
+    mean_batch: float
+    final_batch: int
+    batch_changes: int
+    first_batch_change_step: int | None
+    rollbacks: int
+    decision_ms_p50: float
+    decision_ms_p99: float
+    batches: list[list[int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON fields (without scenario, seed and policy, which key them)."""
+        d = asdict(self)
+        for k in ("scenario", "seed", "policy"):
+            d.pop(k)
+        return d
+
+
+def _workload(s: Scenario) -> Workload:
+    if s.workload is None:
+        raise ValueError(
+            f"scenario {s.name!r} has no workload: global batch policies need one (see "
+            "lightning_rex.sim.scenarios.workload)"
+        )
+    return s.workload
+
+
+def _info(s: Scenario, seed: int, batch: int, batch_range: tuple[int, int] | None) -> PolicyInfo:
+    return PolicyInfo(
+        batch,
+        s.world_size,
+        s.window,
+        s.min_size,
+        tuple(s.max_sizes),
+        even_plan(batch, s.world_size),
+        int(seed),
+        s.epoch_steps,
+        s.devices,
+        s.shape_change_s,
+        s.shape_cache,
+        s.comm,
+        batch_range,
+        None if s.pass_caps is None else tuple(s.pass_caps),
+    )
+
+
+def hindsight_batch(s: Scenario) -> tuple[int, float]:
+    """The fixed global batch with the least noise-free time to the target (a scan).
+
+    Every batch of a geometric grid over the workload's range (and ``B0``) runs at the
+    oracle's plan for it, on the noise-free curves; its progress per step follows the
+    workload's statistics. This is the best fixed choice, made with hindsight.
+
+    Args:
+        s: A workload scenario.
+
+    Returns:
+        ``(batch, seconds to the target)``.
+
+    Raises:
+        ValueError: Without a workload, or when no batch reaches the target within the
+            scenario's ``steps``.
+    """
+    w = _workload(s)
+    lo, hi = w.batch_range
+    grid = np.unique(np.r_[np.round(np.geomspace(lo, hi, _SCAN)).astype(np.int64), s.global_batch])
+    step_s = oracle_step_s(s, [oracle_plan(s, int(b)) for b in grid])
+    x = np.array([r[0] for r in w.trace])
+    gs, vs = np.array([r[1] for r in w.trace]), np.array([r[2] for r in w.trace])
+    progress = np.zeros(grid.size)
+    steps = np.zeros(grid.size, dtype=np.int64)
+    b = grid.astype(np.float64)
+    for _ in range(s.steps):
+        live = progress < w.target_progress
+        if not live.any():
+            break
+        phi = np.interp(progress, x, vs) / np.interp(progress, x, gs)
+        progress = np.where(live, progress + b * (phi + w.b0) / (phi + b), progress)
+        steps += live
+    done = progress >= w.target_progress
+    if not done.any():
+        raise ValueError(f"no fixed batch reaches the target within {s.steps} steps")
+    total = np.where(done, steps * step_s, np.inf)
+    i = int(np.argmin(total))
+    return int(grid[i]), float(total[i])
+
+
+def _policy(
+    name: str, s: Scenario, seed: int, batch: int
+) -> tuple[Policy, PolicyInfo, Plan, LoopConfig]:
+    w = _workload(s)
+    if name == "fixed":
+        pol: Policy = RexPolicy()
+        info = _info(s, seed, s.global_batch, None)
+    elif name == "hindsight":
+        pol, info = EvenPolicy(), _info(s, seed, batch, None)
+        info = PolicyInfo(**{**asdict(info), "initial_plan": oracle_plan(s, batch)})
+    elif name == "pollux":
+        pol, info = PolluxPolicy(), _info(s, seed, s.global_batch, w.batch_range)
+    elif name == "pollux-split":
+        split = functools.cache(functools.partial(oracle_plan, s))
+        pol, info = PolluxPolicy(split), _info(s, seed, s.global_batch, w.batch_range)
+    elif name == "adaptive-oracle":
+        pol, info = AdaptiveOraclePolicy(s), _info(s, seed, s.global_batch, w.batch_range)
+    elif name == "rex":
+        pol, info = RexPolicy(), _info(s, seed, s.global_batch, w.batch_range)
+    else:
+        raise ValueError(f"unknown batch policy {name!r}; choose from {', '.join(BATCH_POLICIES)}")
+    loop = default_loop(s, pol)  # its window is the one rex's controller gets
+    info = replace(info, loop_window=loop.window)
+    pol.reset(info)
+    return pol, info, pol.start_plan or info.initial_plan, loop
+
+
+def run_goodput(
+    s: Scenario, policy: str, seed: int = 0, *, hindsight: int | None = None
+) -> GoodputResult:
+    """Run a global batch policy on a workload scenario until its target.
+
+    Args:
+        s: The scenario (with a workload).
+        policy: One of :data:`BATCH_POLICIES`.
+        seed: Seeds the step-time noise and the gradient draws (every policy gets the same).
+        hindsight: The hindsight batch, when already scanned (:func:`hindsight_batch`).
+
+    Returns:
+        The :class:`GoodputResult`.
+
+    Raises:
+        ValueError: For an unknown policy or a scenario without a workload.
+    """
+    w = _workload(s)
+    batch = s.global_batch
+    if policy == "hindsight":
+        batch = hindsight if hindsight is not None else hindsight_batch(s)[0]
+    pol, info, first, loop = _policy(policy, s, seed, batch)
+    times = ScenarioTimes(s, seed, first)
+    norms = GradientNorms(w, seed)
+    progress = [0.0]
+    per_step: list[int] = []
+
+    def after_step(step: int, plan: Plan) -> bool:
+        b = sum(plan)
+        per_step.append(b)
+        local, glob = norms.draw(plan, progress[0])
+        pol.observe_gradients(step, local, glob, plan)
+        progress[0] += w.step_progress(b, progress[0])
+        return progress[0] >= w.target_progress
+
+    res = run_loop(
+        sum(first),
+        s.world_size,
+        s.steps,
+        times,
+        decider_for(pol),
+        loop,
+        min_size=s.min_size,
+        comm=s.comm,
+        initial_plan=first,
+        on_step=pol.observe_step,
+        devices=s.devices,
+        batch_range=info.batch_range,
+        after_step=after_step,
+        pass_caps=s.pass_caps,
+    )
+    ran = len(per_step)
+    sizes = np.asarray(per_step)
+    change = np.flatnonzero(sizes != sizes[0])
+    moves = [[0, int(sizes[0])]] + [
+        [int(i), int(sizes[i])] for i in np.flatnonzero(np.diff(sizes)) + 1
+    ]
+    ms = np.asarray(res.decision_ms) if res.decision_ms else np.zeros(1)
+    reached = progress[0] >= w.target_progress
+    return GoodputResult(
+        scenario=s.name,
+        seed=int(seed),
+        policy=policy,
+        time_to_target_s=float(res.step_s.sum()) if reached else None,
+        steps=ran,
+        reached=bool(reached),
+        mean_batch=float(sizes.mean()),
+        final_batch=int(sizes[-1]),
+        batch_changes=len(moves) - 1,
+        first_batch_change_step=int(change[0]) if change.size else None,
+        rollbacks=sum(r["decision"] == "rollback" for r in res.records),
+        decision_ms_p50=float(np.percentile(ms, 50)),
+        decision_ms_p99=float(np.percentile(ms, 99)),
+        batches=moves,
+    )
