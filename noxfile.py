@@ -31,7 +31,7 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
     session.install("ruff>=0.5")
-    files = ("src", "tests", "examples", "docs/figures", "noxfile.py", "setup.py")
+    files = ("src", "tests", "examples", "docs/figures", "scripts", "noxfile.py", "setup.py")
     session.run("ruff", "check", *files)
     session.run("ruff", "format", "--check", *files)
 
