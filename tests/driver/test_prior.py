@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lightning_rex.core.plans.planner import plan_from_device_rates
+from lightning_rex.core.plans.minimax import plan_from_device_rates
 from lightning_rex.driver.prior import fit_rate, load_prior
 from lightning_rex.sim.cli.trace import run_traced
 from lightning_rex.sim.policies.builtin import OraclePolicy, oracle_plan

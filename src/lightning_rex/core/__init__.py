@@ -15,18 +15,18 @@ if TYPE_CHECKING:
     from lightning_rex.core.decision import Decision
     from lightning_rex.core.model.kernels import SplineKernel, bspline_basis
     from lightning_rex.core.model.time_model import RankTimeModel
+    from lightning_rex.core.plans.minimax import (
+        affine_plan,
+        exploration_kappa,
+        resolve_bounds,
+        water_fill,
+    )
     from lightning_rex.core.plans.plan import (
         Plan,
         even_plan,
         round_fractions,
         split_in_proportion,
         validate_plan,
-    )
-    from lightning_rex.core.plans.planner import (
-        affine_plan,
-        exploration_kappa,
-        resolve_bounds,
-        water_fill,
     )
     from lightning_rex.core.stats.significance import (
         ImbalanceResult,
@@ -48,18 +48,18 @@ _LAZY = {
     "Window": "lightning_rex.core.window",
     "WindowHistory": "lightning_rex.core.stats.significance",
     "WindowSpec": "lightning_rex.core.window_spec",
-    "affine_plan": "lightning_rex.core.plans.planner",
+    "affine_plan": "lightning_rex.core.plans.minimax",
     "bspline_basis": "lightning_rex.core.model.kernels",
     "even_plan": "lightning_rex.core.plans.plan",
-    "exploration_kappa": "lightning_rex.core.plans.planner",
+    "exploration_kappa": "lightning_rex.core.plans.minimax",
     "holm": "lightning_rex.core.stats.significance",
     "imbalance_test": "lightning_rex.core.stats.significance",
-    "resolve_bounds": "lightning_rex.core.plans.planner",
+    "resolve_bounds": "lightning_rex.core.plans.minimax",
     "round_fractions": "lightning_rex.core.plans.plan",
     "split_in_proportion": "lightning_rex.core.plans.plan",
     "validate_plan": "lightning_rex.core.plans.plan",
     "variance_inflation": "lightning_rex.core.stats.significance",
-    "water_fill": "lightning_rex.core.plans.planner",
+    "water_fill": "lightning_rex.core.plans.minimax",
 }
 
 

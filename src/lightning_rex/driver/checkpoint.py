@@ -14,7 +14,7 @@ that sums to ``B``, pending decisions with their windows, and (through the decid
 check) the controller state. It is pure, so every rank runs it on the same checkpoint and
 fails alike, before any step. A checkpoint from another world size keeps only ``run_id``
 and ``device_rates``: fitted rates keyed by device identity, from which
-:func:`~lightning_rex.core.plans.planner.plan_from_device_rates` plans the new ranks; so does
+:func:`~lightning_rex.core.plans.minimax.plan_from_device_rates` plans the new ranks; so does
 one whose loader position was re-cut at this run's global batch (the plan target says so),
 and a saved world size or global batch that disagrees with the loader's position of the
 same checkpoint is an error.
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core.decision import Decision
+from lightning_rex.core.plans.minimax import device_rates
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.core.plans.planner import device_rates
 from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.core.saved import (
     StateError,

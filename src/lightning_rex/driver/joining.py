@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lightning_rex.core.plans.minimax import plan_from_device_rates
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.core.plans.planner import plan_from_device_rates
 from lightning_rex.core.plans.schedule import PlanSchedule
 from lightning_rex.driver.protocols import Collectives
 from lightning_rex.driver.scheduling import agreed_step

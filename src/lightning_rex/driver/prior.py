@@ -14,7 +14,7 @@ at the start instead of another after the first window). :func:`load_prior` read
 * a list of any of these, merged (a later source wins for a device both name).
 
 The plan is used only when every rank's device is in the prior (see
-:func:`~lightning_rex.core.plans.planner.plan_from_device_rates`), and rank 0's prior is
+:func:`~lightning_rex.core.plans.minimax.plan_from_device_rates`), and rank 0's prior is
 the one all ranks use. The controller then validates and refines it like any other plan.
 """
 

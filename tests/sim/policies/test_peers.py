@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lightning_rex.core.plans.minimax import repair_plan, resolve_bounds
 from lightning_rex.core.plans.plan import even_plan
-from lightning_rex.core.plans.planner import resolve_bounds
 from lightning_rex.sim.policies.base import PolicyInfo
 from lightning_rex.sim.policies.lbb import (
     LBB_SIZES,
@@ -23,7 +23,6 @@ from lightning_rex.sim.policies.lbb import (
     lbb_trimmed_mean,
 )
 from lightning_rex.sim.policies.omnilearn import OmniLearnPolicy, omnilearn_adjust
-from lightning_rex.sim.policies.peers import repair_plan
 from lightning_rex.sim.scenarios.schema import with_shape_change, with_steps
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from tests.helpers.cli import run_command
 
+from lightning_rex.core.plans.minimax import water_fill
 from lightning_rex.core.plans.plan import even_plan
-from lightning_rex.core.plans.planner import water_fill
 from lightning_rex.core.window import Window
 from lightning_rex.driver.prior import load_prior
 from lightning_rex.sim.cli.trace import run_traced

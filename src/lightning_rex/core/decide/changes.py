@@ -23,8 +23,8 @@ from lightning_rex.core.decide.pricing import rollback_floors, unpaid_shapes
 from lightning_rex.core.decide.validating import measure_trial
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.model.time_model import RankTimeModel
+from lightning_rex.core.plans.minimax import exploration_kappa
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.core.plans.planner import exploration_kappa
 from lightning_rex.core.plans.proposal import propose_plan, refit_due
 from lightning_rex.core.settings import DecisionSettings
 

@@ -27,8 +27,8 @@ from lightning_rex.core.decide.looks import Looks
 from lightning_rex.core.decide.saved_state import check_controller_state
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.model.time_model import RankTimeModel
+from lightning_rex.core.plans.minimax import resolve_bounds
 from lightning_rex.core.plans.plan import Plan, even_plan, validate_plan
-from lightning_rex.core.plans.planner import resolve_bounds
 from lightning_rex.core.plans.proposal import (
     best_plan_for,
     plan_step_interval,

@@ -1,1 +1,1 @@
-"""Plans: a plan's rules, the planner (water-filling, bounds), proposals and the schedule."""
+"""Plans: a plan's rules, the minimax plan on known curves (bounds, repair), proposals and the schedule."""

@@ -5,7 +5,7 @@ The objective is the synchronous step time ``max_r t_r(b_r)`` over integer plans
 through BoTorch, :func:`~lightning_rex.core.model.posterior.optimistic_quantile`), and its exact
 minimiser over plans is found by water-filling
 (:func:`~lightning_rex.core.plans.filling.water_fill`). Only the sizes that can matter are
-tabulated (:func:`~lightning_rex.core.plans.planner.size_horizon`).
+tabulated (:func:`~lightning_rex.core.plans.minimax.size_horizon`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 
 from lightning_rex.core.model.time_model import RankTimeModel
 from lightning_rex.core.plans.filling import water_fill_many
+from lightning_rex.core.plans.minimax import size_horizon, water_fill
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.core.plans.planner import size_horizon, water_fill
 
 __all__ = [
     "best_plan_for",

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core.checks import is_integer
+from lightning_rex.core.plans.minimax import resolve_bounds
 from lightning_rex.core.plans.plan import Plan, validate_plan
-from lightning_rex.core.plans.planner import resolve_bounds
 from lightning_rex.core.saved import StateError, int_list, whole
 
 __all__ = ["PlanSchedule", "SizeBounds"]

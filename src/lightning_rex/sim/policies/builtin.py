@@ -29,15 +29,14 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core import build
-from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
-from lightning_rex.core.plans.planner import (
+from lightning_rex.core.plans.minimax import (
     affine_plan,
-    feasible_spread,
+    minimax_plan,
     plan_from_device_rates,
+    repair_plan,
     resolve_bounds,
-    size_horizon,
-    water_fill,
 )
+from lightning_rex.core.plans.plan import Plan, even_plan, round_fractions
 from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.core.scaling.config import GlobalBatchScaling
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
@@ -76,7 +75,7 @@ def fit_plan(sizes: np.ndarray, info: PolicyInfo) -> Plan:
         info: The run's bounds.
 
     Returns:
-        The nearest feasible plan (largest remainder, then clipped and repaired).
+        The nearest feasible plan (largest remainder, then :func:`repair_plan`).
     """
     lo, hi = _bounds(info)
     want = np.asarray(sizes, dtype=np.float64)
@@ -91,16 +90,7 @@ def fit_plan(sizes: np.ndarray, info: PolicyInfo) -> Plan:
         c[free] += excess * c[free] / c[free].sum()
         s = c
     plan = np.asarray(round_fractions(list(s / s.sum()), info.global_batch, info.min_size))
-    plan = np.clip(plan, lo, hi)
-    diff = info.global_batch - int(plan.sum())
-    while diff:
-        room = (hi - plan) if diff > 0 else (plan - lo)
-        idx = np.flatnonzero(room > 0)
-        step = int(np.sign(diff))
-        take = idx[: abs(diff)]
-        plan[take] += step
-        diff -= step * len(take)
-    return tuple(int(b) for b in plan)
+    return tuple(int(b) for b in repair_plan(plan, info.global_batch, lo, hi))
 
 
 class EvenPolicy(PolicyBase):
@@ -337,17 +327,7 @@ class OraclePolicy(PolicyBase):
             def times_at(sizes: np.ndarray) -> np.ndarray:
                 return self.scenario.time_table(sizes, step)
 
-            # no rank needs a size slower than the slowest rank of a feasible plan (the most
-            # even one), on the running maxima water_fill plans on: tabulate the sizes that
-            # matter, not every size up to the global batch. The minimax time is the same;
-            # among plans that tie on it, the one picked may differ.
-            even = feasible_spread(self.info.global_batch, lo, hi)
-            rows = np.arange(even.size)
-            env = np.maximum.accumulate(times_at(np.arange(1, int(even.max()) + 1)), axis=1)
-            level = float(env[rows, even - 1].max())
-            g = size_horizon(times_at, level, lo, hi, even.tolist(), self.info.global_batch)
-            curves = times_at(np.arange(1, g + 1))
-            self._cache[key] = water_fill(curves, self.info.global_batch, lo, np.minimum(hi, g))
+            self._cache[key] = minimax_plan(times_at, self.info.global_batch, lo, hi)
         return self._cache[key]
 
     def observe(self, window: Window) -> Plan | None:

@@ -13,9 +13,10 @@ from typing import Literal
 import numpy as np
 from scipy.optimize import minimize
 
+from lightning_rex.core.plans.minimax import repair_plan
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.sim.policies.base import PolicyInfo
-from lightning_rex.sim.policies.peers import StepPolicy, repair_plan
+from lightning_rex.sim.policies.peers import StepPolicy
 
 __all__ = [
     "LBB_REPEATS",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from lightning_rex.core.plans.minimax import repair_plan
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.sim.policies.base import PolicyInfo
-from lightning_rex.sim.policies.peers import StepPolicy, repair_plan
+from lightning_rex.sim.policies.peers import StepPolicy
 
 __all__ = ["OmniLearnPolicy", "omnilearn_adjust"]
 

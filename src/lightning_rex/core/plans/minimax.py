@@ -1,13 +1,17 @@
-"""The planner: the integer plan that minimises the predicted synchronous step time.
+"""The minimax plan on known curves: the integer plan that minimises the synchronous step time.
 
-Given each rank's predicted time curve ``t_r(b)`` on integer sizes, the minimax plan is found
-by water-filling (:func:`~lightning_rex.core.plans.filling.water_fill`): the smallest level
+Given each rank's time curve ``t_r(b)`` on integer sizes, the minimax plan is found by
+water-filling (:func:`~lightning_rex.core.plans.filling.water_fill`): the smallest level
 ``T`` with ``sum_r b_r(T) >= B``, where ``b_r(T)`` is the largest size in ``[lo_r, hi_r]``
-whose (monotone envelope of) predicted time is ``<= T``; the few samples left over at the
-final level go to the ranks with the lowest predicted time at their next size.
+whose (monotone envelope of) time is ``<= T``; the few samples left over at the final level
+go to the ranks with the lowest time at their next size.
 
-Exploration uses a posterior quantile: the curves are ``mean - kappa * sd`` with
-``kappa = explore / sqrt(n_windows)``, an optimistic quantile that tightens as data grows.
+This module holds what every planner shares: the per-rank bounds (:func:`resolve_bounds`),
+the most even feasible plan, the size horizon that keeps the tables small, the one helper
+that plans on known curves (:func:`minimax_plan`, for affine curves :func:`affine_plan`),
+and the one repair of integer sizes into a valid plan (:func:`repair_plan`). The proposal
+on the model's posterior, exploration included, is
+:func:`~lightning_rex.core.plans.proposal.propose_plan`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ __all__ = [
     "device_rates",
     "exploration_kappa",
     "feasible_spread",
+    "minimax_plan",
     "plan_from_device_rates",
+    "repair_plan",
     "resolve_bounds",
     "size_horizon",
     "water_fill",
@@ -64,6 +70,36 @@ def resolve_bounds(
     if int(hi.sum()) < total:
         raise ValueError(f"max_sizes sum to {int(hi.sum())}, below global_batch={total}")
     return np.full(world_size, min_size, dtype=np.int64), hi
+
+
+def repair_plan(raw: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The smallest change that makes integer sizes a valid plan.
+
+    Clip to ``[lo, hi]``, then take one sample at a time from the largest rank while the sum
+    exceeds ``total``, or give one to the smallest while it falls short (ties: lowest rank).
+
+    Args:
+        raw: Integer sizes, shape ``(N,)``.
+        total: The global batch ``B``.
+        lo: Per-rank minimum sizes.
+        hi: Per-rank maximum sizes.
+
+    Returns:
+        Sizes within the bounds summing to ``total``.
+
+    Raises:
+        ValueError: If the bounds cannot hold ``total``.
+    """
+    if not int(np.sum(lo)) <= total <= int(np.sum(hi)):
+        raise ValueError(f"bounds sum to [{int(np.sum(lo))}, {int(np.sum(hi))}], not {total}")
+    b = np.clip(np.asarray(raw, dtype=np.int64), lo, hi)
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    while (diff := int(b.sum()) - total) != 0:
+        if diff > 0:
+            b[int(np.argmax(np.where(b > lo, b, small)))] -= 1
+        else:
+            b[int(np.argmin(np.where(b < hi, b, big)))] += 1
+    return b
 
 
 def exploration_kappa(explore: float, n_windows: int) -> float:
@@ -154,6 +190,36 @@ def size_horizon(
     return g
 
 
+def minimax_plan(
+    times_at: Callable[[np.ndarray], np.ndarray], total: int, lo: np.ndarray, hi: np.ndarray
+) -> Plan:
+    """The minimax plan on known curves, tabulating only the sizes that can matter.
+
+    No rank needs a size slower than the slowest rank of a feasible plan, the most even one
+    (:func:`feasible_spread`), on the running maxima :func:`water_fill` plans on; so the
+    curves are tabulated up to :func:`size_horizon` of that level, not up to ``B``. The
+    minimax time is the one a full table gives; among plans that tie on it, the one picked
+    may differ.
+
+    Args:
+        times_at: Every rank's time at the given sizes: ``(P,)`` sizes to ``(N, P)`` seconds.
+        total: The global batch ``B``.
+        lo: Per-rank minimum sizes, shape ``(N,)``.
+        hi: Per-rank maximum sizes, shape ``(N,)``.
+
+    Returns:
+        The plan, as :func:`water_fill` finds it on those curves.
+    """
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    even = feasible_spread(total, lo, hi)
+    envelope = np.maximum.accumulate(times_at(np.arange(1, int(even.max()) + 1)), axis=1)
+    level = float(envelope[np.arange(even.size), even - 1].max())
+    horizon = size_horizon(times_at, level, lo, hi, even.tolist(), total)
+    curves = times_at(np.arange(1, horizon + 1))
+    return water_fill(curves, total, lo, np.minimum(hi, horizon))
+
+
 def affine_plan(
     overheads: np.ndarray, slopes: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray
 ) -> Plan:
@@ -167,23 +233,15 @@ def affine_plan(
         hi: Per-rank maximum sizes, shape ``(N,)``.
 
     Returns:
-        The plan, as :func:`water_fill` finds it on those curves.
+        The plan, as :func:`minimax_plan` finds it on those curves.
     """
-    over = np.asarray(overheads, dtype=np.float64)
+    overhead = np.asarray(overheads, dtype=np.float64)
     slope = np.asarray(slopes, dtype=np.float64)
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
 
     def times_at(sizes: np.ndarray) -> np.ndarray:
-        return np.asarray(over[:, None] + slope[:, None] * np.asarray(sizes)[None, :])
+        return np.asarray(overhead[:, None] + slope[:, None] * np.asarray(sizes)[None, :])
 
-    # no rank needs a size slower than the slowest rank of a feasible plan, the most even
-    # one (tabulate the sizes that matter, not every size up to B)
-    even = feasible_spread(total, lo, hi)
-    level = float((over + slope * even).max())
-    g = size_horizon(times_at, level, lo, hi, even.tolist(), total)
-    sizes = np.arange(1, g + 1)
-    return water_fill(times_at(sizes), total, lo, np.minimum(hi, g))
+    return minimax_plan(times_at, total, lo, hi)
 
 
 def device_rates(keys: Sequence[str], summary: dict[str, list[float]]) -> dict[str, list[float]]:

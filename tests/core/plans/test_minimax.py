@@ -5,10 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_rex.core.plans.planner import (
+from lightning_rex.core.plans.minimax import (
     affine_plan,
     exploration_kappa,
     feasible_spread,
+    minimax_plan,
     resolve_bounds,
     size_horizon,
     water_fill,
@@ -84,7 +85,7 @@ def test_large_plan_is_fast():
 
 
 def test_affine_plan_equalises_known_affine_times() -> None:
-    from lightning_rex.core.plans.planner import affine_plan
+    from lightning_rex.core.plans.minimax import affine_plan
 
     # rank 1 is 3x slower per sample, same overhead: the optimum gives rank 0 ~3x the samples
     plan = affine_plan(
@@ -151,6 +152,34 @@ def test_the_horizon_keeps_the_minimax_time_with_caps_below_the_even_split(ranks
     got = np.asarray(affine_plan(over, slope, total, lo, hi))
     assert got.sum() == total and np.all((got >= lo) & (got <= hi))
     assert (over + slope * got).max() == pytest.approx((over + slope * full).max())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 6), st.integers(0, 10_000), st.integers(1, 30), st.booleans())
+def test_minimax_plan_on_curves_that_dip_keeps_the_full_tables_minimax_time(n, seed, per, cap):
+    # staircase curves with dips (a tile's padding): the level is read on their running
+    # maximum, as water_fill plans, so the short table keeps the full table's minimax time
+    rng = np.random.default_rng(seed)
+    total = n * per
+    over, slope = rng.uniform(0.0, 0.5, n), rng.uniform(0.01, 1.0, n)
+    tile = rng.integers(2, 9, n)
+
+    def times_at(sizes):
+        sizes = np.asarray(sizes)[None, :]
+        return over[:, None] + slope[:, None] * (-(-sizes // tile[:, None]) * tile[:, None])
+
+    lo = np.ones(n, dtype=np.int64)
+    hi = np.full(n, total - n + 1, dtype=np.int64)
+    if cap:
+        hi[0] = max(1, min(int(hi[0]), per // 2))
+        if hi.sum() < total:
+            return
+    full = np.asarray(water_fill(times_at(np.arange(1, int(hi.max()) + 1)), total, lo, hi))
+    got = np.asarray(minimax_plan(times_at, total, lo, hi))
+    assert got.sum() == total and np.all((got >= lo) & (got <= hi))
+    rows = np.arange(n)
+    table = times_at(np.arange(1, int(hi.max()) + 1))
+    assert table[rows, got - 1].max() == pytest.approx(table[rows, full - 1].max())
 
 
 def test_feasible_spread_is_the_most_even_plan_inside_the_bounds():
