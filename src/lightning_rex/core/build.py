@@ -46,26 +46,28 @@ def build_decider(
     Returns:
         The controller, or the controller and the global batch scaler behind one decider.
     """
-    p: Plan = tuple(int(b) for b in plan)
-    n, cfg = len(p), settings.global_batch
-    labelled = devices is not None and len(devices) == n and any(d is not None for d in devices)
+    start_plan: Plan = tuple(int(b) for b in plan)
+    n_ranks, cfg = len(start_plan), settings.global_batch
+    labelled = (
+        devices is not None and len(devices) == n_ranks and any(d is not None for d in devices)
+    )
     groups = list(devices) if devices is not None and labelled and settings.pool_by_device else None
     controller = Controller(
         base_batch,
-        n,
+        n_ranks,
         settings=settings,
         min_size=bounds.min_size,
-        max_sizes=bounds.caps(n),
-        initial_plan=p if sum(p) == base_batch else None,
+        max_sizes=bounds.caps(n_ranks),
+        initial_plan=start_plan if sum(start_plan) == base_batch else None,
         groups=groups,
         max_global_batch=None if cfg is None else cfg.max_global_batch,
         window=settings.window,  # the loop's own window (RexCallback builds both from one)
     )
-    if sum(p) != base_batch:  # resuming at a batch the scaler moved to
-        controller.set_global_batch(sum(p), p)
+    if sum(start_plan) != base_batch:  # resuming at a batch the scaler moved to
+        controller.set_global_batch(sum(start_plan), start_plan)
     if cfg is None:
         return controller
-    return ScalingDecider(controller, BatchScaler(cfg, base_batch, n), settings.window.steps)
+    return ScalingDecider(controller, BatchScaler(cfg, base_batch, n_ranks), settings.window.steps)
 
 
 def check_decider_state(

@@ -91,8 +91,8 @@ def cap_array(caps: Sequence[int | None] | None, world_size: int) -> np.ndarray 
         return None
     if len(caps) != world_size:
         raise ValueError(f"pass_caps must have {world_size} entries, got {len(caps)}")
-    for c in caps:
-        _check(0, c)
+    for cap in caps:
+        _check(0, cap)
     out = np.array([0 if c is None else int(c) for c in caps], dtype=np.int64)
     return out if bool((out > 0).any()) else None
 
@@ -131,12 +131,12 @@ def pass_total(
     Returns:
         The step times, of the broadcast shape.
     """
-    k_, m_ = np.asarray(k), np.asarray(m)
+    k_arr, m_arr = np.asarray(k), np.asarray(m)
     single = np.asarray(at_q, dtype=np.float64)
-    if not bool((k_ > 1).any()):
+    if not bool((k_arr > 1).any()):
         return single  # every size in one pass: the single-pass times themselves
-    extra = np.where(m_ > 0, np.asarray(at_q1, dtype=np.float64), 0.0)
-    return np.asarray((k_ - m_) * single + m_ * extra, dtype=np.float64)
+    extra = np.where(m_arr > 0, np.asarray(at_q1, dtype=np.float64), 0.0)
+    return np.asarray((k_arr - m_arr) * single + m_arr * extra, dtype=np.float64)
 
 
 def per_pass(

@@ -213,9 +213,9 @@ def matrix(
         for i, r in enumerate(_sequence(v, name, rows))
     ]
     want = cols if cols is not None else (len(out[0]) if out else None)
-    for i, r in enumerate(out):
-        if want is not None and len(r) != want:
+    for index, row in enumerate(out):
+        if want is not None and len(row) != want:
             raise StateError(
-                f"{name}[{i}]", f"must have {want} entries like every row, got {len(r)}"
+                f"{name}[{index}]", f"must have {want} entries like every row, got {len(row)}"
             )
     return out

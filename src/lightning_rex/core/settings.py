@@ -82,13 +82,13 @@ class DecisionSettings:
     def __post_init__(self) -> None:
         unit = ("alpha", "consistency", "ending_alpha", "validation_confidence")
         for name in unit:
-            v = getattr(self, name)
-            if not (is_number(v) and 0.0 < v < 1.0):
-                raise ValueError(f"{name} must be in (0, 1), got {v!r}")
+            value = getattr(self, name)
+            if not (is_number(value) and 0.0 < value < 1.0):
+                raise ValueError(f"{name} must be in (0, 1), got {value!r}")
         for name in ("min_effect", "min_gain", "margin", "tolerance", "explore", "explore_slack"):
-            v = getattr(self, name)
-            if not (is_number(v) and v >= 0.0):
-                raise ValueError(f"{name} must be >= 0 (a finite number), got {v!r}")
+            value = getattr(self, name)
+            if not (is_number(value) and value >= 0.0):
+                raise ValueError(f"{name} must be >= 0 (a finite number), got {value!r}")
         if not (is_number(self.memory) and self.memory > 0.0):
             raise ValueError(f"memory must be a finite number > 0, got {self.memory!r}")
         if not (is_integer(self.persistence) and self.persistence >= 1):
@@ -108,9 +108,9 @@ class DecisionSettings:
                 f"shape_change_s must be seconds >= 0 or None, got {self.shape_change_s!r}"
             )
         for name in ("payback_windows", "shape_cache"):
-            v = getattr(self, name)
-            if not (is_integer(v) and v >= 1):
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+            value = getattr(self, name)
+            if not (is_integer(value) and value >= 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.pool_by_device, bool):
             raise ValueError(f"pool_by_device must be True or False, got {self.pool_by_device!r}")
         if self.global_batch is not None and not isinstance(self.global_batch, GlobalBatchScaling):

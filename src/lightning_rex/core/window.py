@@ -48,14 +48,14 @@ class Window:
         times = np.asarray(self.times, dtype=np.float64)
         if times.ndim != 2:
             raise ValueError(f"times must have shape (N, K), got shape {times.shape}")
-        n, k = times.shape
-        if n < 1 or k < 1:
+        n_ranks, n_steps = times.shape
+        if n_ranks < 1 or n_steps < 1:
             raise ValueError(f"times must hold at least one rank and one step, got {times.shape}")
         if not np.all(np.isfinite(times)) or np.any(times <= 0):
             raise ValueError("times must be finite and > 0 seconds")
         plan = tuple(int(b) for b in self.plan)
-        if len(plan) != n:
-            raise ValueError(f"plan must have one entry per rank: {n} ranks, got {len(plan)}")
+        if len(plan) != n_ranks:
+            raise ValueError(f"plan must have one entry per rank: {n_ranks} ranks, got {len(plan)}")
         if any(b < 1 for b in plan):
             raise ValueError(f"plan sizes must be >= 1, got {list(plan)}")
         if int(self.step_end) <= int(self.step_start):
@@ -118,5 +118,5 @@ class Window:
             The validated window.
         """
         arr = np.asarray(times, dtype=np.float64)
-        k = arr.shape[1] if arr.ndim == 2 else 0
-        return cls(arr, tuple(plan), step_start, step_start + max(k, 1))
+        n_steps = arr.shape[1] if arr.ndim == 2 else 0
+        return cls(arr, tuple(plan), step_start, step_start + max(n_steps, 1))

@@ -45,19 +45,33 @@ def batch_grid(
         Segments in batch order; a schedule entry that changes the global batch at a batch
         the epoch still reaches starts a new one at the first sample not yet taken.
     """
-    ob, os_ = origin
-    grid: Grid = [(ob, os_, plans.batch_at(epoch_start_step + ob // accumulate))]
+    origin_batch, origin_sample = origin
+    grid: Grid = [
+        (origin_batch, origin_sample, plans.batch_at(epoch_start_step + origin_batch // accumulate))
+    ]
     for step, plan in plans.entries:
-        k = (step - epoch_start_step) * accumulate
-        fb, fs, gb = grid[-1]
-        b = sum(plan)
-        if k <= fb or b == gb:
+        change_batch = (step - epoch_start_step) * accumulate
+        first_batch, first_sample, global_batch = grid[-1]
+        new_global_batch = sum(plan)
+        if change_batch <= first_batch or new_global_batch == global_batch:
             continue
         # a change at or past the epoch's last batch belongs to the next epoch (with
         # drop_last the samples left over are not "the rest of the epoch")
-        if k >= grid_length([(fb, fs, gb)], num_samples, world_size, drop_last, min_size):
+        if change_batch >= grid_length(
+            [(first_batch, first_sample, global_batch)],
+            num_samples,
+            world_size,
+            drop_last,
+            min_size,
+        ):
             break
-        grid.append((k, fs + (k - fb) * gb, b))
+        grid.append(
+            (
+                change_batch,
+                first_sample + (change_batch - first_batch) * global_batch,
+                new_global_batch,
+            )
+        )
     return grid
 
 
@@ -71,11 +85,11 @@ def grid_first_sample(grid: Grid, index: int) -> int:
     Returns:
         The permutation position its global batch starts at.
     """
-    for fb, fs, gb in reversed(grid):
-        if index >= fb:
-            return fs + (index - fb) * gb
-    fb, fs, gb = grid[0]
-    return fs + (index - fb) * gb
+    for first_batch, first_sample, global_batch in reversed(grid):
+        if index >= first_batch:
+            return first_sample + (index - first_batch) * global_batch
+    first_batch, first_sample, global_batch = grid[0]
+    return first_sample + (index - first_batch) * global_batch
 
 
 def grid_length(
@@ -95,6 +109,6 @@ def grid_length(
     Returns:
         The number of batches.
     """
-    fb, fs, gb = grid[-1]
-    full, rem = divmod(max(0, num_samples - fs), gb)
-    return fb + full + (1 if (rem >= world_size * min_size and not drop_last) else 0)
+    first_batch, first_sample, global_batch = grid[-1]
+    full, rem = divmod(max(0, num_samples - first_sample), global_batch)
+    return first_batch + full + (1 if (rem >= world_size * min_size and not drop_last) else 0)

@@ -29,8 +29,8 @@ def _serves(batch_range: tuple[int, int] | None, run_batch: int, batch: int) -> 
     """Whether a run of global batch ``run_batch`` (and range) serves plans summing to ``batch``."""
     if batch_range is None:
         return batch == run_batch
-    lo, hi = batch_range
-    return lo <= batch <= hi
+    low, high = batch_range
+    return low <= batch <= high
 
 
 def check_position(
@@ -71,32 +71,32 @@ def check_position(
     """
     if not isinstance(state, dict):
         raise StateError(name, f"must be a mapping, got {type(state).__name__}")
-    n = whole(field(state, "num_samples", name), f"{name}.num_samples", 0)
-    if n != num_samples:
+    samples = whole(field(state, "num_samples", name), f"{name}.num_samples", 0)
+    if samples != num_samples:
         raise StateError(
             f"{name}.num_samples",
-            f"is {n}, but this run's dataset has {num_samples} samples: the "
+            f"is {samples}, but this run's dataset has {num_samples} samples: the "
             "checkpoint was made with another dataset",
         )
     world = whole(field(state, "world_size", name), f"{name}.world_size", 1, _MOST_RANKS)
-    gb = whole(field(state, "global_batch", name), f"{name}.global_batch", world, _ANY_BATCH)
+    batch = whole(field(state, "global_batch", name), f"{name}.global_batch", world, _ANY_BATCH)
     # the saved schedule as it was, checked by the saved run's own rules: its plans sum
     # to its global batch, or (global batch scaling) to any in its range; it places this
     # epoch's batches
     ranged = state.get("batch_range")  # absent from checkpoints before it was kept
     if ranged is not None:
-        lo, hi = int_list(ranged, f"{name}.batch_range", 2, world)
-        if not lo <= gb <= hi:
-            raise StateError(f"{name}.batch_range", f"must hold the global batch {gb}")
-        ranged = (lo, hi)
-    saved = PlanSchedule(even_plan(gb, world), gb, batch_range=ranged)
+        low, high = int_list(ranged, f"{name}.batch_range", 2, world)
+        if not low <= batch <= high:
+            raise StateError(f"{name}.batch_range", f"must hold the global batch {batch}")
+        ranged = (low, high)
+    saved = PlanSchedule(even_plan(batch, world), batch, batch_range=ranged)
     entries = field(state, "schedule", name)
     saved.load_state_dict(entries, f"{name}.schedule")
-    moved = sorted({sum(p) for _, p in saved.entries} - {gb})
+    moved = sorted({sum(p) for _, p in saved.entries} - {batch})
     reason = ""
-    if world != world_size or gb != global_batch:
+    if world != world_size or batch != global_batch:
         reason = (
-            f"the checkpoint was made with {world} ranks and a global batch of {gb}, this "
+            f"the checkpoint was made with {world} ranks and a global batch of {batch}, this "
             f"run has {world_size} and {global_batch}"
         )
     elif not all(_serves(batch_range, global_batch, b) for b in moved):
@@ -110,19 +110,23 @@ def check_position(
         )
     schedule = saved
     if not reason:  # continued: every plan is checked against this run's bounds too
-        schedule = PlanSchedule(even_plan(gb, world), gb, bounds, batch_range=batch_range)
+        schedule = PlanSchedule(even_plan(batch, world), batch, bounds, batch_range=batch_range)
         schedule.load_state_dict(entries, f"{name}.schedule")
-    ob, os_ = int_list(field(state, "origin", name), f"{name}.origin", 2, 0)
-    if os_ > n:
-        raise StateError(f"{name}.origin", f"starts at sample {os_}, past the epoch's {n}")
+    origin_batch, origin_sample = int_list(field(state, "origin", name), f"{name}.origin", 2, 0)
+    if origin_sample > samples:
+        raise StateError(
+            f"{name}.origin", f"starts at sample {origin_sample}, past the epoch's {samples}"
+        )
     start = whole(field(state, "epoch_start_step", name), f"{name}.epoch_start_step", 0)
     # the saved run's smallest micro-batch cut its final batch (1 before it was saved)
-    least = whole(state.get("min_size", 1), f"{name}.min_size", 1, max(1, gb // world))
-    grid = batch_grid(saved, n, (ob, os_), start, accumulate, world, drop_last, least)
-    length = grid_length(grid, n, world, drop_last, least)
-    consumed = whole(field(state, "consumed", name), f"{name}.consumed", ob, length)
-    done = whole(field(state, "consumed_samples", name), f"{name}.consumed_samples", 0, n)
-    expect = n if consumed >= length else min(n, grid_first_sample(grid, consumed))
+    least = whole(state.get("min_size", 1), f"{name}.min_size", 1, max(1, batch // world))
+    grid = batch_grid(
+        saved, samples, (origin_batch, origin_sample), start, accumulate, world, drop_last, least
+    )
+    length = grid_length(grid, samples, world, drop_last, least)
+    consumed = whole(field(state, "consumed", name), f"{name}.consumed", origin_batch, length)
+    done = whole(field(state, "consumed_samples", name), f"{name}.consumed_samples", 0, samples)
+    expect = samples if consumed >= length else min(samples, grid_first_sample(grid, consumed))
     if done != expect:
         raise StateError(
             f"{name}.consumed_samples",
@@ -132,7 +136,7 @@ def check_position(
         "epoch": whole(field(state, "epoch", name), f"{name}.epoch", 0),
         "consumed": consumed,
         "consumed_samples": done,
-        "origin": (ob, os_),
+        "origin": (origin_batch, origin_sample),
         "epoch_start_step": start,
         "schedule": schedule,
         "continues": not reason,

@@ -325,18 +325,18 @@ class UnevenBatchSampler(Sampler[list[int]]):
                 self.step_source() if self.step_source is not None else self._next_epoch_start_step
             )
         self._fetched = start
-        i = start
+        batch_index = start
         # the length is read again at every batch: a change of the global batch scheduled
         # during the epoch re-cuts the rest of it
-        while i < (n := len(self)):
+        while batch_index < (num_batches := len(self)):
             self._next_epoch_start_step = self._epoch_start_step + math.ceil(
-                n / self.accumulate_grad_batches
+                num_batches / self.accumulate_grad_batches
             )
-            sizes = self.sizes_for_batch(i)
-            lo = self._first_sample(i) + sum(sizes[: self.rank])
-            self._fetched = i + 1
-            yield perm[lo : lo + sizes[self.rank]]
-            i += 1
+            sizes = self.sizes_for_batch(batch_index)
+            begin = self._first_sample(batch_index) + sum(sizes[: self.rank])
+            self._fetched = batch_index + 1
+            yield perm[begin : begin + sizes[self.rank]]
+            batch_index += 1
         self._next_epoch_start_step = self._epoch_start_step + math.ceil(
             len(self) / self.accumulate_grad_batches
         )
@@ -411,21 +411,21 @@ class UnevenBatchSampler(Sampler[list[int]]):
             StateError: Naming the field, when the state breaks an invariant (see
                 :meth:`check_state`); nothing is changed then.
         """
-        c = self.check_state(state)
-        self.set_epoch(c["epoch"])
-        self.continues, self.recut_reason = c["continues"], c["reason"]
-        if c["continues"]:
-            self._plans = c["schedule"]
-        self._epoch_start_step = c["epoch_start_step"]
-        consumed = c["consumed"]
-        if c["continues"]:
-            self._origin_batch, self._origin_sample = c["origin"]
+        checked = self.check_state(state)
+        self.set_epoch(checked["epoch"])
+        self.continues, self.recut_reason = checked["continues"], checked["reason"]
+        if checked["continues"]:
+            self._plans = checked["schedule"]
+        self._epoch_start_step = checked["epoch_start_step"]
+        consumed = checked["consumed"]
+        if checked["continues"]:
+            self._origin_batch, self._origin_sample = checked["origin"]
         else:
-            self._origin_batch, self._origin_sample = consumed, c["consumed_samples"]
+            self._origin_batch, self._origin_sample = consumed, checked["consumed_samples"]
         self._fetched = consumed
-        self._resume_at = None if c["finished"] else consumed
-        self._finished = (c["epoch"], consumed) if c["finished"] else None
-        if c["finished"]:
+        self._resume_at = None if checked["finished"] else consumed
+        self._finished = (checked["epoch"], consumed) if checked["finished"] else None
+        if checked["finished"]:
             self._origin_batch = self._origin_sample = 0
             self._next_epoch_start_step = self._epoch_start_step + math.ceil(
                 consumed / self.accumulate_grad_batches

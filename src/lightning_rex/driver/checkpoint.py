@@ -133,9 +133,9 @@ def decider_state(
         BaseException: A decision's own error, when one failed.
     """
     entries = observer.drain()
-    for e in entries:
-        if isinstance(e.outcome, BaseException):
-            raise e.outcome
+    for entry in entries:
+        if isinstance(entry.outcome, BaseException):
+            raise entry.outcome
     decider = observer.decider
     rates = device_rates(list(device_keys), decider.rank_model_summary())
     return [pending_to_state(e) for e in entries], decider.state_dict(), rates
@@ -151,13 +151,13 @@ def pending_to_state(entry: Pending) -> dict[str, Any]:
         ``{"window": {...}, "info": {...}, "decision": {...}}``.
     """
     assert isinstance(entry.outcome, Decision)
-    w = entry.window
+    window = entry.window
     return {
         "window": {
-            "times": w.times.tolist(),
-            "plan": list(w.plan),
-            "start": w.step_start,
-            "end": w.step_end,
+            "times": window.times.tolist(),
+            "plan": list(window.plan),
+            "start": window.step_start,
+            "end": window.step_end,
         },
         "info": {k: entry.info.get(k) for k in (*_INFO_KEYS, "even_step_s")},
         "decision": entry.outcome.to_dict(),
@@ -200,14 +200,16 @@ def pending_from_state(
     Raises:
         StateError: Naming the field.
     """
-    wd = field(d, "window", name)
-    plan = int_list(field(wd, "plan", f"{name}.window"), f"{name}.window.plan", world_size, 1)
+    saved_window = field(d, "window", name)
+    plan = int_list(
+        field(saved_window, "plan", f"{name}.window"), f"{name}.window.plan", world_size, 1
+    )
     try:
         window = Window(
-            np.asarray(field(wd, "times", f"{name}.window"), dtype=np.float64),
+            np.asarray(field(saved_window, "times", f"{name}.window"), dtype=np.float64),
             tuple(plan),
-            whole(field(wd, "start", f"{name}.window"), f"{name}.window.start", 0),
-            whole(field(wd, "end", f"{name}.window"), f"{name}.window.end", 1),
+            whole(field(saved_window, "start", f"{name}.window"), f"{name}.window.start", 0),
+            whole(field(saved_window, "end", f"{name}.window"), f"{name}.window.end", 1),
         )
     except (ValueError, TypeError) as err:
         raise StateError(f"{name}.window", str(err)) from None
@@ -216,10 +218,10 @@ def pending_from_state(
         raise StateError(f"{name}.info", "must be a mapping")
     clean: dict[str, Any] = {"telemetry": None}
     for key in _INFO_KEYS:
-        v = info.get(key)
-        if v is not None and real(v, f"{name}.info.{key}") < 0:
-            raise StateError(f"{name}.info.{key}", f"must be a number >= 0 or null, got {v!r}")
-        clean[key] = v
+        value = info.get(key)
+        if value is not None and real(value, f"{name}.info.{key}") < 0:
+            raise StateError(f"{name}.info.{key}", f"must be a number >= 0 or null, got {value!r}")
+        clean[key] = value
     clean["dropped_samples"] = (
         optional(clean["dropped_samples"], whole, f"{name}.info.dropped_samples", 0) or 0
     )
@@ -292,12 +294,14 @@ def check_state(
         "run_id": run_id,
         "device_rates": _rates(field(s, "device_rates", name), f"{name}.device_rates"),
     }
-    n = whole(field(s, "world_size", name), f"{name}.world_size", 1)
-    b = whole(field(s, "global_batch", name), f"{name}.global_batch", n)
-    same = n == world_size and b == global_batch
+    saved_world = whole(field(s, "world_size", name), f"{name}.world_size", 1)
+    saved_batch = whole(field(s, "global_batch", name), f"{name}.global_batch", saved_world)
+    same = saved_world == world_size and saved_batch == global_batch
     if resumed is not None and resumed.continues and not same:
         what, got, want = (
-            ("world_size", n, world_size) if n != world_size else ("global_batch", b, global_batch)
+            ("world_size", saved_world, world_size)
+            if saved_world != world_size
+            else ("global_batch", saved_batch, global_batch)
         )
         raise StateError(
             f"{name}.{what}",
@@ -320,7 +324,7 @@ def check_state(
             f"{name}.steps", f"must be steps before the resumed step {step}, got {steps[-1]}"
         )
     out["steps"] = steps
-    plan = optional(field(s, "window_plan", name), int_list, f"{name}.window_plan", n, 1)
+    plan = optional(field(s, "window_plan", name), int_list, f"{name}.window_plan", saved_world, 1)
     if steps and plan is None:
         raise StateError(f"{name}.window_plan", "must be a plan while the window holds steps")
     if plan is not None:
@@ -329,12 +333,14 @@ def check_state(
         except ValueError as err:
             raise StateError(f"{name}.window_plan", str(err)) from None
     out["window_plan"] = plan
-    out["partial"] = _rows(field(s, "partial", name), f"{name}.partial", n, len(steps))
+    out["partial"] = _rows(field(s, "partial", name), f"{name}.partial", saved_world, len(steps))
     pend = field(s, "pending", name)
     if not isinstance(pend, list):
         raise StateError(f"{name}.pending", "must be a list")
     out["pending"] = [
-        pending_from_state(p, f"{name}.pending[{i}]", n, global_batch, bounds, batch_range)
+        pending_from_state(
+            p, f"{name}.pending[{i}]", saved_world, global_batch, bounds, batch_range
+        )
         for i, p in enumerate(pend)
     ]
     out["dropped"] = whole(field(s, "dropped", name), f"{name}.dropped", 0)
@@ -355,18 +361,18 @@ def _rows(v: Any, name: str, rows: int, cols: int) -> list[list[float]]:
     if not isinstance(v, list) or len(v) != rows:
         raise StateError(name, f"must hold one row per rank ({rows}), got {_len(v)}")
     out = []
-    for i, row in enumerate(v):
+    for row_index, row in enumerate(v):
         if not isinstance(row, list) or len(row) != cols:
             raise StateError(
-                f"{name}[{i}]",
+                f"{name}[{row_index}]",
                 f"must hold one sample per step of the window ({cols}), got {_len(row)}",
             )
         vals = []
-        for j, x in enumerate(row):
-            if x is None:  # a sample that could not be read: dropped with its step
+        for col_index, sample in enumerate(row):
+            if sample is None:  # a sample that could not be read: dropped with its step
                 vals.append(math.nan)
             else:
-                vals.append(real(x, f"{name}[{i}][{j}]", positive=True))
+                vals.append(real(sample, f"{name}[{row_index}][{col_index}]", positive=True))
         out.append(vals)
     return out
 
@@ -379,12 +385,12 @@ def _rates(v: Any, name: str) -> dict[str, list[float]]:
     if not isinstance(v, dict):
         raise StateError(name, "must be a mapping of device to [rate, overhead]")
     out = {}
-    for k, pair in v.items():
+    for device, pair in v.items():
         if not isinstance(pair, list) or len(pair) != 2:
-            raise StateError(f"{name}[{k!r}]", "must be [rate, overhead]")
-        rate = real(pair[0], f"{name}[{k!r}][0]", positive=True)
-        over = real(pair[1], f"{name}[{k!r}][1]")
+            raise StateError(f"{name}[{device!r}]", "must be [rate, overhead]")
+        rate = real(pair[0], f"{name}[{device!r}][0]", positive=True)
+        over = real(pair[1], f"{name}[{device!r}][1]")
         if over < 0:
-            raise StateError(f"{name}[{k!r}][1]", f"must be an overhead >= 0, got {over}")
-        out[str(k)] = [rate, over]
+            raise StateError(f"{name}[{device!r}][1]", f"must be an overhead >= 0, got {over}")
+        out[str(device)] = [rate, over]
     return out

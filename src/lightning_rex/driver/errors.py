@@ -34,8 +34,8 @@ class RexRankError(RuntimeError):
     """
 
     def __init__(self, rank: int, message: str, where: str = "") -> None:
-        at = f" (reported at {where})" if where else ""
-        super().__init__(f"lightning-rex failed on rank {rank}{at}: {message}")
+        suffix = f" (reported at {where})" if where else ""
+        super().__init__(f"lightning-rex failed on rank {rank}{suffix}: {message}")
         self.rank = int(rank)
         self.original = message
 

@@ -71,9 +71,9 @@ class ExchangeMessage:
         Returns:
             The message.
         """
-        v = [float(x) for x in np.asarray(row).tolist()]
-        plan = tuple(round(b) for b in v[_HEAD:]) if v[2] == 1.0 else None
-        return cls(v[0] == 1.0, v[1], plan, v[3] == 1.0, v[4] == 1.0)
+        values = [float(x) for x in np.asarray(row).tolist()]
+        plan = tuple(round(b) for b in values[_HEAD:]) if values[2] == 1.0 else None
+        return cls(values[0] == 1.0, values[1], plan, values[3] == 1.0, values[4] == 1.0)
 
     @classmethod
     def from_ready(

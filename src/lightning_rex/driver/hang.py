@@ -99,9 +99,9 @@ class HangDetector:
         """
         if len(progress) != self.world_size or len(step_s) != self.world_size:
             raise ValueError(f"expected {self.world_size} entries per argument")
-        for r, p in enumerate(progress):
-            if p != self._last[r]:
-                self._last[r], self._since[r] = int(p), float(now)
+        for rank_index, count in enumerate(progress):
+            if count != self._last[rank_index]:
+                self._last[rank_index], self._since[rank_index] = int(count), float(now)
         ahead = max(progress)
         limit = self.limit(step_s)
         behind = [

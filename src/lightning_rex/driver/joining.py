@@ -104,9 +104,9 @@ def fitted_first_plan(
     """
     if not rates:
         return None
-    n, bounds = schedule.world_size, schedule.bounds
+    world_size, bounds = schedule.world_size, schedule.bounds
     fitted = plan_from_device_rates(
-        rates, joined.device_keys, schedule.global_batch, bounds.min_size, bounds.caps(n)
+        rates, joined.device_keys, schedule.global_batch, bounds.min_size, bounds.caps(world_size)
     )
     if fitted is None or fitted == schedule.plan_at(step):
         return None

@@ -178,13 +178,13 @@ class WindowDriver:
             RexRankError: On every rank, when a rank failed to start.
         """
         sched = self.target.plan_schedule
-        n, b, bounds = sched.world_size, sched.global_batch, sched.bounds
+        world_size, global_batch, bounds = sched.world_size, sched.global_batch, sched.bounds
         saved = None
         if state is not None:
             saved = check_state(
                 state,
-                n,
-                b,
+                world_size,
+                global_batch,
                 bounds,
                 self._check_decider,
                 sched.batch_range,
@@ -215,7 +215,7 @@ class WindowDriver:
             gathering.skip_until = first[1]
         if same:
             assert saved is not None
-            gathering.restore(saved, self.collectives.rank, self.collectives.hosted, n)
+            gathering.restore(saved, self.collectives.rank, self.collectives.hosted, world_size)
             self._exchange_at = saved["exchange_at"]
             self.dropped = saved["dropped"]
         else:
@@ -226,14 +226,14 @@ class WindowDriver:
                 if same and saved is not None and saved["controller"] is not None:
                     self.decider.load_state_dict(saved["controller"])
                     # this run's bounds, not the checkpoint's (a new minimum, say)
-                    self.decider.set_bounds(bounds.min_size, bounds.caps(n))
+                    self.decider.set_bounds(bounds.min_size, bounds.caps(world_size))
                 self.observer = BackgroundObserver(
                     self.decider, bounds.min_size, self.config.background, self.config.estimate
                 )
                 if same and saved is not None:
                     self.observer.restore(saved["pending"])
         flag = self.collectives.broadcast_row(np.array([float(self._failures.failure is not None)]))
-        self._check(np.r_[flag[:1], np.zeros(n - 1)], "the start of the fit")
+        self._check(np.r_[flag[:1], np.zeros(world_size - 1)], "the start of the fit")
         self._last_clock = gathering.t0 = self._clock()
 
     # ------------------------------------------------------------------ per step
@@ -258,42 +258,42 @@ class WindowDriver:
             self._close(step, lag)
 
     def _read(self, what: str) -> np.ndarray:
-        """The window's samples as seconds, ``(hosted, k)``; NaN where reading failed."""
-        k, h = len(self.gathering.steps), self.collectives.hosted
-        out = np.full((h, k), np.nan)
+        """The window's samples as seconds, ``(hosted, num_steps)``; NaN where reading failed."""
+        num_steps, hosted = len(self.gathering.steps), self.collectives.hosted
+        out = np.full((hosted, num_steps), np.nan)
         with self.guard(what):
-            if k:
+            if num_steps:
                 rows = self._resolve(self.gathering.samples)
-                out[:] = np.asarray(rows, dtype=np.float64).reshape(h, k)
+                out[:] = np.asarray(rows, dtype=np.float64).reshape(hosted, num_steps)
         return out
 
     def _close(self, step: int, lag: int) -> None:
-        k, h = len(self.gathering.steps), self.collectives.hosted
-        rows = np.full((h, k + 2), np.nan)
-        rows[:, :k] = self._read("reading the window's step times")
-        rows[:, k] = -1.0
+        num_steps, hosted = len(self.gathering.steps), self.collectives.hosted
+        rows = np.full((hosted, num_steps + 2), np.nan)
+        rows[:, :num_steps] = self._read("reading the window's step times")
+        rows[:, num_steps] = -1.0
         if self._caps is not None:
             with self.guard("reading the memory bound"):
-                rows[:, k] = [-1.0 if c is None else float(c) for c in self._caps()]
-        rows[:, k + 1] = self._flags()
+                rows[:, num_steps] = [-1.0 if c is None else float(c) for c in self._caps()]
+        rows[:, num_steps + 1] = self._flags()
         gathered = self.collectives.gather_rows(rows)
-        self._check(gathered[:, k + 1], f"the gather of the window ending at step {step}")
+        self._check(gathered[:, num_steps + 1], f"the gather of the window ending at step {step}")
         telemetry = None
         if self._telemetry is not None:
-            local: list[Any] = [None] * h
+            local: list[Any] = [None] * hosted
             with self.guard("reading telemetry"):
                 local = list(self._telemetry())
             telemetry = self.collectives.gather_objects(local)
         if self.is_rank_zero:
             with self.guard("building the window"):
-                self._submit(gathered[:, :k], gathered[:, k], telemetry, step + lag)
+                self._submit(gathered[:, :num_steps], gathered[:, num_steps], telemetry, step + lag)
         self.gathering.clear()
         self._schedule_exchange(step + lag)
 
     def _submit(self, times: np.ndarray, caps_col: np.ndarray, telemetry: Any, due: int) -> None:
         gathering = self.gathering
         assert self.observer is not None and gathering.plan is not None
-        k = times.shape[1]
+        num_steps = times.shape[1]
         good, bad = usable_steps(times, gathering.steps, self.dropped)
         self.dropped += bad
         if int(good.sum()) < self.config.min_steps:
@@ -304,7 +304,7 @@ class WindowDriver:
         wall = math.nan if gathering.resumed else self._clock() - gathering.t0
         window = window_of(times, gathering.plan, gathering.steps, good, wall)
         gathering.resumed = False
-        samples = k * sum(gathering.plan)  # the true global count, not N x rank 0's
+        samples = num_steps * sum(gathering.plan)  # the true global count, not N x rank 0's
         info = {
             "telemetry": telemetry,
             "window_samples": samples,
@@ -324,8 +324,8 @@ class WindowDriver:
         """Every rank: flags and free steps gathered, rank 0's decisions broadcast, plan set."""
         self._exchange_at = None
         ready: list[Pending] = []
-        n = self.target.plan_schedule.world_size
-        row = ExchangeMessage().to_row(n)
+        world_size = self.target.plan_schedule.world_size
+        row = ExchangeMessage().to_row(world_size)
         if self.is_rank_zero and self.observer is not None:
             with self.guard("deciding on a window"):
                 # the decisions ready now, and those whose own exchange is past (waited for:
@@ -339,9 +339,9 @@ class WindowDriver:
                         for e in ready
                     ],
                     self.observer.pending,
-                ).to_row(n)
+                ).to_row(world_size)
         if self._failures.failure is not None and self.is_rank_zero:
-            ready, row = [], ExchangeMessage(failed=True).to_row(n)
+            ready, row = [], ExchangeMessage(failed=True).to_row(world_size)
         # every rank's failure flag and first unfetched step, then rank 0's decisions
         local = np.zeros((self.collectives.hosted, 2))
         local[:, 0] = self._flags()
@@ -350,7 +350,7 @@ class WindowDriver:
         self._check(gathered[:, 0], f"the exchange at step {step}")
         msg = ExchangeMessage.from_row(self.collectives.broadcast_row(row))
         if msg.failed:
-            self._check(np.r_[1.0, np.zeros(n - 1)], f"the exchange at step {step}")
+            self._check(np.r_[1.0, np.zeros(world_size - 1)], f"the exchange at step {step}")
         if msg.more_pending:
             self._schedule_exchange(step + self.config.lag)
         before = self.target.plan_schedule.changes
@@ -362,8 +362,8 @@ class WindowDriver:
             self.gathering.clear()
         if ready:
             with self.guard("writing the decision records"):
-                for e in ready:
-                    self._record(e, msg.plan, effective, before)
+                for pending in ready:
+                    self._record(pending, msg.plan, effective, before)
         if self._on_exchange is not None:
             self._on_exchange(msg)
 
@@ -402,18 +402,18 @@ class WindowDriver:
             with self.guard("saving the decider's state"):
                 pending, controller, rates = decider_state(self.observer, self.device_keys)
         gathering = self.gathering
-        k = len(gathering.steps)
-        rows = np.full((self.collectives.hosted, k + 1), np.nan)
-        rows[:, :k] = self._read("reading the window's step times for a checkpoint")
-        rows[:, k] = self._flags()
+        num_steps = len(gathering.steps)
+        rows = np.full((self.collectives.hosted, num_steps + 1), np.nan)
+        rows[:, :num_steps] = self._read("reading the window's step times for a checkpoint")
+        rows[:, num_steps] = self._flags()
         gathered = self.collectives.gather_rows(rows)
-        self._check(gathered[:, k], "saving a checkpoint")
+        self._check(gathered[:, num_steps], "saving a checkpoint")
         return loop_state(
             run_id=self.run_id,
             schedule=self.target.plan_schedule,
             gathering=gathering,
             exchange_at=self._exchange_at,
-            partial=gathered[:, :k],
+            partial=gathered[:, :num_steps],
             pending=pending,
             dropped=self.dropped,
             controller=controller,
@@ -434,11 +434,11 @@ class WindowDriver:
             with self.guard("finishing the decider's work"):
                 self.observer.drain()
                 before = self.target.plan_schedule.changes
-                for e in self.observer.take_decisions(self.config.apply_plans):
-                    d = e.outcome
-                    if self.config.apply_plans and isinstance(d, Decision) and d.plan is not None:
+                for entry in self.observer.take_decisions(self.config.apply_plans):
+                    planned = isinstance(entry.outcome, Decision) and entry.outcome.plan is not None
+                    if self.config.apply_plans and planned:
                         self.observer.decline()
-                    self._record(e, None, None, before, "training ended before its exchange")
+                    self._record(entry, None, None, before, "training ended before its exchange")
                 self.observer.drain()
         gathered = self.collectives.gather_rows(self._flags()[:, None])
         self._check(gathered[:, 0], "the end of training")

@@ -218,10 +218,10 @@ class BackgroundObserver:
         ready = self.take_ready(step)
         if self.error is not None:
             raise self.error
-        for e in ready:
-            if not isinstance(e.outcome, Decision):
-                raise e.outcome or RuntimeError("a window's decision was lost")
-            if e.outcome.kind == "propose" and not apply_plans:
+        for entry in ready:
+            if not isinstance(entry.outcome, Decision):
+                raise entry.outcome or RuntimeError("a window's decision was lost")
+            if entry.outcome.kind == "propose" and not apply_plans:
                 self.decline()
         return ready
 

@@ -48,17 +48,17 @@ def fit_rate(sizes: Sequence[float], seconds: Sequence[float]) -> list[float] | 
         ``[samples/s, s]``; through the origin when the sizes are all equal or the fitted
         overhead is negative; None when no positive rate fits.
     """
-    b = np.asarray(sizes, dtype=np.float64)
-    t = np.asarray(seconds, dtype=np.float64)
-    ok = np.isfinite(b) & np.isfinite(t) & (b > 0) & (t > 0)
-    b, t = b[ok], t[ok]
-    if not b.size:
+    size_arr = np.asarray(sizes, dtype=np.float64)
+    time_arr = np.asarray(seconds, dtype=np.float64)
+    valid = np.isfinite(size_arr) & np.isfinite(time_arr) & (size_arr > 0) & (time_arr > 0)
+    size_arr, time_arr = size_arr[valid], time_arr[valid]
+    if not size_arr.size:
         return None
-    if np.unique(b).size >= 2:
-        slope, over = np.polyfit(b, t, 1)
+    if np.unique(size_arr).size >= 2:
+        slope, over = np.polyfit(size_arr, time_arr, 1)
         if slope > 0 and over >= 0:
             return [float(1.0 / slope), float(over)]
-    slope = float(np.sum(t * b) / np.sum(b * b))  # through the origin
+    slope = float(np.sum(time_arr * size_arr) / np.sum(size_arr * size_arr))  # through the origin
     return [1.0 / slope, 0.0] if slope > 0 else None
 
 
@@ -104,8 +104,8 @@ def _one(item: Any) -> dict[str, list[float]]:
         return _from_log(path)
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"prior: cannot read {str(path)!r} as JSON: {e}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"prior: cannot read {str(path)!r} as JSON: {error}") from None
     rank = data.get("rank") if isinstance(data, dict) else None
     if not isinstance(rank, dict) or "curve" not in rank or not rank.get("device"):
         raise ValueError(
@@ -145,17 +145,17 @@ def _from_log(path: Path) -> dict[str, list[float]]:
         raise ValueError(f"prior: {str(path)!r} holds no window records")
     last = records[-1].get("run_id")
     points: dict[str, tuple[list[float], list[float]]] = {}
-    for r in records:
-        devices, plan, ms = r.get("devices"), r.get("plan"), r.get("median_ms")
-        if r.get("run_id") != last or not isinstance(devices, list):
+    for record in records:
+        devices, plan, medians = record.get("devices"), record.get("plan"), record.get("median_ms")
+        if record.get("run_id") != last or not isinstance(devices, list):
             continue
-        if not isinstance(plan, list) or not isinstance(ms, list) or len(plan) != len(devices):
+        if not isinstance(plan, list) or not isinstance(medians, list) or len(plan) != len(devices):
             continue
-        for d, b, m in zip(devices, plan, ms):
-            if isinstance(b, (int, float)) and isinstance(m, (int, float)):
-                sizes, seconds = points.setdefault(str(d), ([], []))
-                sizes.append(float(b))
-                seconds.append(float(m) / 1000.0)
+        for device, size, median in zip(devices, plan, medians):
+            if isinstance(size, (int, float)) and isinstance(median, (int, float)):
+                sizes, seconds = points.setdefault(str(device), ([], []))
+                sizes.append(float(size))
+                seconds.append(float(median) / 1000.0)
     rates = {d: fit_rate(*p) for d, p in points.items()}
     out = {d: r for d, r in rates.items() if r is not None}
     if not out:

@@ -167,16 +167,16 @@ def pending_record(
     Returns:
         The record (:func:`build_record`).
     """
-    d = e.outcome
-    assert isinstance(d, Decision)
-    mine = applied is not None and d.plan == tuple(applied)
-    kind = "recommend" if (d.kind == "propose" and not adaptive) else d.kind
+    decision = e.outcome
+    assert isinstance(decision, Decision)
+    mine = applied is not None and decision.plan == tuple(applied)
+    kind = "recommend" if (decision.kind == "propose" and not adaptive) else decision.kind
     record = build_record(
         e.window,
-        d,
+        decision,
         e.info,
         kind=kind,
-        new_plan=d.plan,
+        new_plan=decision.plan,
         effective_step=effective if mine else None,
         plan_changes=before + int(mine),
         adaptive=adaptive,
@@ -203,8 +203,8 @@ def decision_line(record: dict[str, Any]) -> str | None:
     if kind in ("hold", "skip"):
         return None
     plan, new = list(record["plan"]), record.get("new_plan")
-    at = record.get("effective_step")
-    where = f" from step {at}" if at is not None else ""
+    effective_step = record.get("effective_step")
+    where = f" from step {effective_step}" if effective_step is not None else ""
     gain = record.get("predicted_speedup")
     if kind == "propose" and new is not None:
         what = f"new plan {list(new)}{where} (was {plan})"
@@ -233,12 +233,12 @@ def window_metrics(record: dict[str, Any]) -> dict[str, float]:
         Metric names (``rex/...``) to floats; missing values are left out.
     """
     out: dict[str, float] = {}
-    for r, b in enumerate(record["plan"]):
-        out[f"rex/plan_rank{r}"] = float(b)
-    for r, m in enumerate(record["median_ms"]):
-        out[f"rex/median_ms_rank{r}"] = float(m)
-    for r, p in enumerate(record["p_values"] or []):
-        out[f"rex/p_value_rank{r}"] = float(p)
+    for rank, size in enumerate(record["plan"]):
+        out[f"rex/plan_rank{rank}"] = float(size)
+    for rank, median in enumerate(record["median_ms"]):
+        out[f"rex/median_ms_rank{rank}"] = float(median)
+    for rank, p_value in enumerate(record["p_values"] or []):
+        out[f"rex/p_value_rank{rank}"] = float(p_value)
     out["rex/imbalanced"] = float(record["verdict"] == "imbalanced")
     out["rex/decision"] = float(DECISION_CODES[record["decision"]])
     for key in (
@@ -280,24 +280,24 @@ class DecisionLog:
         """Cut a partial last line (a run stopped while writing it) before appending."""
         if not self.path.exists():
             return
-        with self.path.open("rb+") as fh:
-            end = fh.seek(0, 2)
+        with self.path.open("rb+") as handle:
+            end = handle.seek(0, 2)
             if end == 0:
                 return
-            fh.seek(end - 1)
-            if fh.read(1) == b"\n":
+            handle.seek(end - 1)
+            if handle.read(1) == b"\n":
                 return
             pos = end  # find the last newline, reading backwards in chunks
             while pos > 0:
                 start = max(0, pos - 65536)
-                fh.seek(start)
-                chunk = fh.read(pos - start)
-                i = chunk.rfind(b"\n")
-                if i >= 0:
-                    pos = start + i + 1
+                handle.seek(start)
+                chunk = handle.read(pos - start)
+                newline_at = chunk.rfind(b"\n")
+                if newline_at >= 0:
+                    pos = start + newline_at + 1
                     break
                 pos = start
-            fh.truncate(pos)
+            handle.truncate(pos)
         warnings.warn(
             f"{self.path}: removing a partial last line (a run stopped while writing it)",
             stacklevel=3,
@@ -316,8 +316,8 @@ class DecisionLog:
         if key in self._written:
             return False
         self._written.add(key)
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(record, default=_json_default) + "\n")
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record, default=_json_default) + "\n")
         return True
 
     @staticmethod
@@ -336,29 +336,29 @@ class DecisionLog:
         Returns:
             The records (JSON objects) in order.
         """
-        p = Path(path)
-        if not p.exists():
+        log_path = Path(path)
+        if not log_path.exists():
             return []
-        if not p.is_file():  # a FIFO would block, a device (/dev/zero) never ends
-            raise ValueError(f"{p}: not a regular file")
-        size = p.stat().st_size
+        if not log_path.is_file():  # a FIFO would block, a device (/dev/zero) never ends
+            raise ValueError(f"{log_path}: not a regular file")
+        size = log_path.stat().st_size
         if size > MAX_LOG_BYTES:
             raise ValueError(
-                f"{p}: {size:,} bytes; a decision log is read up to {MAX_LOG_BYTES:,} bytes"
+                f"{log_path}: {size:,} bytes; a decision log is read up to {MAX_LOG_BYTES:,} bytes"
             )
         out: list[dict[str, Any]] = []
         bad: list[int] = []
-        with p.open("rb") as fh:
-            i = 0
+        with log_path.open("rb") as handle:
+            line_number = 0
             while True:
-                raw = fh.readline(MAX_LINE_BYTES + 1)
+                raw = handle.readline(MAX_LINE_BYTES + 1)
                 if not raw:
                     break
-                i += 1
+                line_number += 1
                 if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                     while raw and not raw.endswith(b"\n"):  # skip the rest, a chunk at a time
-                        raw = fh.readline(MAX_LINE_BYTES)
-                    bad.append(i)
+                        raw = handle.readline(MAX_LINE_BYTES)
+                    bad.append(line_number)
                     continue
                 line = raw.strip()
                 if not line:
@@ -370,12 +370,12 @@ class DecisionLog:
                 if isinstance(rec, dict):
                     out.append(rec)
                 else:
-                    bad.append(i)
+                    bad.append(line_number)
         if bad:
             shown = ", ".join(str(i) for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
             warnings.warn(
-                f"{p}: skipped {len(bad)} line(s) that are not JSON records (line {shown}): a"
-                " partial last line of a run stopped while writing, or records of runs that"
+                f"{log_path}: skipped {len(bad)} line(s) that are not JSON records (line {shown}):"
+                " a partial last line of a run stopped while writing, or records of runs that"
                 " wrote at once",
                 stacklevel=2,
             )

@@ -31,18 +31,18 @@ def usable_steps(times: np.ndarray, steps: Sequence[int], dropped: int) -> tuple
     Returns:
         ``(mask of the usable steps, samples dropped here)``.
     """
-    ok = np.isfinite(times) & (times > 0)
-    bad = int((~ok).sum())
+    usable = np.isfinite(times) & (times > 0)
+    bad = int((~usable).sum())
     if bad:
-        j, r = np.argwhere((~ok).T)[0]  # the earliest step first
+        column, rank = np.argwhere((~usable).T)[0]  # the earliest step first
         warnings.warn(
             f"lightning-rex: {bad} step-time sample(s) were not finite positive seconds and "
-            f"were dropped with their steps (first: rank {int(r)}, step {steps[j]}, "
-            f"{times[r, j]!r}); {dropped + bad} dropped so far",
+            f"were dropped with their steps (first: rank {int(rank)}, step {steps[column]}, "
+            f"{times[rank, column]!r}); {dropped + bad} dropped so far",
             RuntimeWarning,
             stacklevel=3,
         )
-    return ok.all(axis=0), bad
+    return usable.all(axis=0), bad
 
 
 def window_of(

@@ -244,22 +244,22 @@ class RexLoop:
         return self.bounds.check(even_plan(global_batch, self.world_size), global_batch)
 
     def _start(self, target: TrainSampler, loaded: dict[str, Any] | None) -> None:
-        o = self.options
+        options = self.options
         device = self.fabric.device
         self.driver = WindowDriver(
-            replace(o.loop, apply_plans=self.adaptive),
+            replace(options.loop, apply_plans=self.adaptive),
             driver_collectives(device),
             target,
             self._decider,
             resolve=self.timer.window_row,
             caps=lambda: [self.pass_cap],
             on_record=self._write,
-            clock=time.perf_counter if o.step_time_fn is None else (lambda: self._injected_s),
+            clock=time.perf_counter if options.step_time_fn is None else (lambda: self._injected_s),
         )
         if self.emulator is not None:  # first: its backward hooks run before the timer's
             self.emulator.attach(self.model, self.rank, self.world_size, device)
         self.timer.attach_to(self.model)
-        self.driver.start(self.steps, [device_key(device, None)], loaded, o.prior)
+        self.driver.start(self.steps, [device_key(device, None)], loaded, options.prior)
 
     def _decider(self, plan: Plan, bounds: SizeBounds) -> Decider:
         keys = list(self.driver.device_keys) if self.driver is not None else []
@@ -304,9 +304,9 @@ class RexLoop:
         if self.emulator is not None:
             self.emulator.step_start(self.rank, self.steps)
         self.timer.start()
-        for i, (size, chunk) in enumerate(zip(parts, chunks, strict=True)):
+        for index, (size, chunk) in enumerate(zip(parts, chunks, strict=True)):
             self._pass = size
-            last = i == len(parts) - 1
+            last = index == len(parts) - 1
             with contextlib.nullcontext() if last else self._unsynced():
                 yield chunk
         if self.emulator is not None:
@@ -340,9 +340,9 @@ class RexLoop:
         """The step is done (after ``optimizer.step()``): feed the driver; plans change here."""
         assert self.driver is not None and self._sizes is not None
         sample: Any = self.timer.take_step()
-        fn = self.options.step_time_fn
-        if fn is not None:
-            sample = float(fn(self.rank, self.steps, self._sizes[self.rank]))
+        step_time_fn = self.options.step_time_fn
+        if step_time_fn is not None:
+            sample = float(step_time_fn(self.rank, self.steps, self._sizes[self.rank]))
             self._injected_s += sample
         comparable = tuple(self._sizes) == tuple(self.plan_schedule.plan_at(self.steps))
         self.driver.record(self.steps, [sample], comparable)

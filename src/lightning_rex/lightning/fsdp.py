@@ -176,17 +176,17 @@ def unsynced_fsdp_passes(model: nn.Module) -> Iterator[None]:
         if not any(_contains(other, unit) for other in units if other is not unit):
             unit._get_fsdp_state()._lazy_init()  # a root: idempotent, as its forward does
     own = [_settings(u) for u in units]
-    for u in units:
-        u.set_requires_gradient_sync(False, recurse=False)
-        u.set_reshard_after_backward(False, recurse=False)
-        u.set_reshard_after_forward(False, recurse=False)
+    for unit in units:
+        unit.set_requires_gradient_sync(False, recurse=False)
+        unit.set_reshard_after_backward(False, recurse=False)
+        unit.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
-        for u, (sync, after_backward, after_forward) in zip(units, own, strict=True):
-            u.set_requires_gradient_sync(sync, recurse=False)
-            u.set_reshard_after_backward(after_backward, recurse=False)
-            u.set_reshard_after_forward(after_forward, recurse=False)
+        for unit, (sync, after_backward, after_forward) in zip(units, own, strict=True):
+            unit.set_requires_gradient_sync(sync, recurse=False)
+            unit.set_reshard_after_backward(after_backward, recurse=False)
+            unit.set_reshard_after_forward(after_forward, recurse=False)
 
 
 class RexFSDPStrategy(UnevenPlans, ModelParallelStrategy):

@@ -80,8 +80,8 @@ class PassCaps:
         lowest = self.bounds.min_size
         if cap is None or size <= cap:
             return [size]
-        k = max(1, min(-(-size // cap), size // lowest))
-        return pass_sizes(size, -(-size // k))
+        pass_count = max(1, min(-(-size // cap), size // lowest))
+        return pass_sizes(size, -(-size // pass_count))
 
     def set_memory_cap(self, cap: int | None) -> None:
         """The pass cap this rank's memory allows, measured between steps (by the callback).

@@ -67,8 +67,8 @@ class GradientNorms:
 
     def remove(self) -> None:
         """Remove the hooks."""
-        for h in self._handles:
-            h.remove()
+        for handle in self._handles:
+            handle.remove()
         self._handles = []
 
     def read(
@@ -100,7 +100,7 @@ class GradientNorms:
             The two norms, NaN when a gradient was not finite, no backward reached the
             hooks (a skipped ``training_step``), or the step is not usable.
         """
-        b, n = float(sum(sizes)), len(sizes)
+        global_batch, num_ranks = float(sum(sizes)), len(sizes)
         dev = self._params[0].device if self._params else torch.device("cpu")
         weighted = torch.full((), math.nan, device=dev, dtype=torch.float32)
         error: BaseException | None = None
@@ -110,25 +110,27 @@ class GradientNorms:
                 if reduction == "sum":
                     factor *= sizes[rank]
                 local = torch.zeros((), device=dev, dtype=torch.float32)
-                for v in self._local.values():
-                    local = local + v.to(dev)
-                weighted = local / (factor * factor) * (sizes[rank] / b)
+                for param_sq in self._local.values():
+                    local = local + param_sq.to(dev)
+                weighted = local / (factor * factor) * (sizes[rank] / global_batch)
         except Exception as err:  # the all-reduce below must happen on every rank anyway
             error = err
         self._local = {}
-        if all_reduce is not None and n > 1:
+        if all_reduce is not None and num_ranks > 1:
             weighted = all_reduce(weighted)
         if error is not None:
             raise error
         glob = torch.zeros((), device=dev, dtype=torch.float32)
-        for p in self._params:
-            if p.grad is not None:
-                glob = glob + p.grad.detach().float().pow(2).sum()
+        for param in self._params:
+            if param.grad is not None:
+                glob = glob + param.grad.detach().float().pow(2).sum()
         if reduction == "sum":
-            glob = glob / (b * b)
+            glob = glob / (global_batch * global_batch)
         glob = glob / (global_scale * global_scale)
-        a, g = float(weighted), float(glob)
-        return (a if math.isfinite(a) else math.nan), (g if math.isfinite(g) else math.nan)
+        weighted_local_sq, global_sq = float(weighted), float(glob)
+        return (weighted_local_sq if math.isfinite(weighted_local_sq) else math.nan), (
+            global_sq if math.isfinite(global_sq) else math.nan
+        )
 
 
 class LearningRate:
@@ -189,11 +191,11 @@ class TrainingScaling:
         self.batch = self.base_batch
         self.iterations = 0.0
         if saved:
-            c = self.check_state(saved, config)
-            self.rate.factor = c["lr_factor"]
-            self.noise.load_state_dict(c["noise"])
-            self.batch = c["batch"]
-            self.iterations = c["iterations"]
+            checked = self.check_state(saved, config)
+            self.rate.factor = checked["lr_factor"]
+            self.noise.load_state_dict(checked["noise"])
+            self.batch = checked["batch"]
+            self.iterations = checked["iterations"]
 
     @staticmethod
     def check_state(d: Any, config: GlobalBatchScaling | None) -> dict[str, Any]:
@@ -217,8 +219,10 @@ class TrainingScaling:
         name = "batch_scaling"
         if not isinstance(d, dict):
             raise StateError(name, f"must be a mapping, got {type(d).__name__}")
-        lo, hi = (1, None) if config is None else (config.min_global_batch, config.max_global_batch)
-        batch = whole(field(d, "batch", name), f"{name}.batch", lo, hi)
+        low, high = (
+            (1, None) if config is None else (config.min_global_batch, config.max_global_batch)
+        )
+        batch = whole(field(d, "batch", name), f"{name}.batch", low, high)
         factor = real(field(d, "lr_factor", name), f"{name}.lr_factor", positive=True)
         base = d.get("base_batch")
         rule = d.get("lr_rule")
@@ -228,20 +232,21 @@ class TrainingScaling:
                 raise StateError(f"{name}.lr_rule", f"must be one of {LR_RULES}, got {rule!r}")
             ratio = batch / base
             if rule == "adascale":  # the gain lies between 1 and B / B0
-                ok = min(1.0, ratio) * (1 - 1e-9) <= factor <= max(1.0, ratio) * (1 + 1e-9)
+                valid = min(1.0, ratio) * (1 - 1e-9) <= factor <= max(1.0, ratio) * (1 + 1e-9)
                 want = f"between 1 and {ratio:.6g}"
             else:
-                ok = math.isclose(factor, lr_factor(rule, batch, base), rel_tol=1e-9)
+                valid = math.isclose(factor, lr_factor(rule, batch, base), rel_tol=1e-9)
                 want = f"{lr_factor(rule, batch, base):.6g}"
-            if not ok:
+            if not valid:
                 raise StateError(
                     f"{name}.lr_factor",
                     f"is {factor!r}, but the {rule} rule gives {want} at a global batch of "
                     f"{batch} from {base}",
                 )
-        elif config is not None and not 0 < factor <= hi / lo:  # type: ignore[operator]
+        elif config is not None and not 0 < factor <= high / low:  # type: ignore[operator]
             raise StateError(
-                f"{name}.lr_factor", f"must be in (0, {hi}/{lo}] for the range, got {factor!r}"
+                f"{name}.lr_factor",
+                f"must be in (0, {high}/{low}] for the range, got {factor!r}",
             )
         iterations = real(d.get("iterations", 0.0), f"{name}.iterations")
         if iterations < 0:
@@ -276,10 +281,12 @@ class TrainingScaling:
             usable: False to leave the step out (see :meth:`GradientNorms.read`).
             global_scale: The loss scale ``p.grad`` still carries, else 1.
         """
-        a, g = self.norms.read(sizes, rank, reduction, amp_scale, all_reduce, usable, global_scale)
-        self.noise.update(a, g, sizes)
+        weighted_local_sq, global_sq = self.norms.read(
+            sizes, rank, reduction, amp_scale, all_reduce, usable, global_scale
+        )
+        self.noise.update(weighted_local_sq, global_sq, sizes)
         if feed is not None:
-            feed(a, g, sizes)
+            feed(weighted_local_sq, global_sq, sizes)
 
     def at_step_start(self, optimizers: Sequence[Any], plan: Sequence[int]) -> bool:
         """Follow the global batch in force with the learning rate.
@@ -299,14 +306,14 @@ class TrainingScaling:
         Returns:
             Whether the global batch changed and the rate with it.
         """
-        b = sum(plan)
-        changed = b != self.batch
+        global_batch = sum(plan)
+        changed = global_batch != self.batch
         moved = False
         if changed or self.config.lr_rule == "adascale":
-            g = 1.0 if self.noise.grad_sq is None else self.noise.grad_sq
-            s = 0.0 if self.noise.noise is None else self.noise.noise
-            self.batch = b
-            factor = lr_factor(self.config.lr_rule, b, self.base_batch, g, s)
+            grad_sq = 1.0 if self.noise.grad_sq is None else self.noise.grad_sq
+            noise = 0.0 if self.noise.noise is None else self.noise.noise
+            self.batch = global_batch
+            factor = lr_factor(self.config.lr_rule, global_batch, self.base_batch, grad_sq, noise)
             moved = self.rate.apply(optimizers, factor)
         # AdaScale's scale-invariant iterations: this step counts for its gain
         self.iterations += self.rate.factor if self.config.lr_rule == "adascale" else 1.0
@@ -360,14 +367,14 @@ def setup_scaling(cfg: GlobalBatchScaling, trainer: Any, pl_module: Any) -> None
             f"{trainer.world_size}: every rank needs a sample"
         )
     # the micro-batch bounds must hold both ends of the range
-    for name, b in (
+    for name, global_batch in (
         ("min_global_batch", cfg.min_global_batch),
         ("max_global_batch", cfg.max_global_batch),
     ):
         try:
-            strategy.bounds.check_feasible(b, trainer.world_size)
+            strategy.bounds.check_feasible(global_batch, trainer.world_size)
         except ValueError as err:
-            raise ValueError(f"GlobalBatchScaling.{name}={b}: {err}") from None
+            raise ValueError(f"GlobalBatchScaling.{name}={global_batch}: {err}") from None
     strategy.batch_range = (cfg.min_global_batch, cfg.max_global_batch)
 
 

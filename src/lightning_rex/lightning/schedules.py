@@ -62,14 +62,14 @@ class ScaleInvariantScheduler:
         due = max(0, int(self.scaling.iterations // self.frequency) - self.done)
         factor = self.scaling.rate.factor
         groups = self.inner.optimizer.param_groups
-        for g in groups:
-            g["lr"] = g["lr"] / factor
+        for group in groups:
+            group["lr"] = group["lr"] / factor
         try:
             for _ in range(due):
                 self.inner.step(*args, **kwargs)
         finally:
-            for g in groups:
-                g["lr"] = g["lr"] * factor
+            for group in groups:
+                group["lr"] = group["lr"] * factor
         self.done += due
 
     def state_dict(self) -> dict[str, Any]:
@@ -101,14 +101,16 @@ def wrap_schedulers(configs: Any, scaling: TrainingScaling) -> int:
     Returns:
         The number of schedulers wrapped.
     """
-    n = 0
-    for c in configs:
-        s = c.scheduler
-        if c.interval != "step" or isinstance(s, (ReduceLROnPlateau, ScaleInvariantScheduler)):
+    wrapped = 0
+    for config in configs:
+        scheduler = config.scheduler
+        if config.interval != "step" or isinstance(
+            scheduler, (ReduceLROnPlateau, ScaleInvariantScheduler)
+        ):
             continue
-        c.scheduler = ScaleInvariantScheduler(s, scaling, c.frequency)
-        n += 1
-    return n
+        config.scheduler = ScaleInvariantScheduler(scheduler, scaling, config.frequency)
+        wrapped += 1
+    return wrapped
 
 
 def unwrap_schedulers(configs: Any) -> None:
@@ -117,6 +119,6 @@ def unwrap_schedulers(configs: Any) -> None:
     Args:
         configs: The trainer's ``lr_scheduler_configs``.
     """
-    for c in configs:
-        if isinstance(c.scheduler, ScaleInvariantScheduler):
-            c.scheduler = c.scheduler.inner
+    for config in configs:
+        if isinstance(config.scheduler, ScaleInvariantScheduler):
+            config.scheduler = config.scheduler.inner

@@ -173,12 +173,14 @@ class FitSession:
         target = strategy.plan_target if isinstance(strategy, UnevenStrategy) else None
         adaptive = target is not None and isinstance(strategy, UnevenStrategy) and strategy.adaptive
         if target is None:
-            bs = getattr(trainer.train_dataloader, "batch_size", None)  # any user loader
-            if bs is None:
+            size = getattr(trainer.train_dataloader, "batch_size", None)  # any user loader
+            if size is None:
                 rank_zero_warn("RexCallback: the train loader has no batch_size; monitoring is off")
                 return None
-            n = trainer.world_size
-            target = ScheduleTarget(PlanSchedule((int(bs),) * n, int(bs) * n), frozen=True)
+            ranks = trainer.world_size
+            target = ScheduleTarget(
+                PlanSchedule((int(size),) * ranks, int(size) * ranks), frozen=True
+            )
         return cls(options, trainer, module, target, adaptive)
 
     def _injected_clock(self) -> float:
@@ -296,12 +298,12 @@ class FitSession:
             return  # accumulating: the step is not done yet
         micro, self.micro = self.micro, []
         sample: Any = float("nan")
-        fn = self.options.step_time_fn
+        step_time_fn = self.options.step_time_fn
         with self.driver.guard("closing the step's measurement"):
             sample = self.timer.take_step()
             self.memory.step_end(max((p for b in micro for p in self._passes(b)), default=0))
-            if fn is not None:
-                sample = sum(fn(self.trainer.global_rank, self.step, b) for b in micro)
+            if step_time_fn is not None:
+                sample = sum(step_time_fn(self.trainer.global_rank, self.step, b) for b in micro)
                 if math.isfinite(sample) and sample > 0:
                     self._injected_s += float(sample)
         self.driver.record(self.step, [sample], self.comparable)

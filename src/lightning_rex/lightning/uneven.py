@@ -155,11 +155,11 @@ class UnevenPlans(PassCaps, Weighted):
         if self.adaptive and trainer is not None:
             callbacks = trainer.callbacks
             if not any(isinstance(c, RexCallback) for c in callbacks):
-                at = next(
+                position = next(
                     (i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)),
                     len(callbacks),
                 )
-                callbacks.insert(at, RexCallback())
+                callbacks.insert(position, RexCallback())
         super().setup_environment()  # type: ignore[misc]
 
     # ------------------------------------------------------------------ bounds and plans
@@ -189,16 +189,16 @@ class UnevenPlans(PassCaps, Weighted):
             ValueError: Naming the argument, when the plan does not fit ``B``, the world size
                 or the bounds.
         """
-        n = self.world_size
+        world_size = self.world_size
         bounds = self.bounds
-        bounds.check_feasible(global_batch, n)
-        self._check_per_rank(n)
+        bounds.check_feasible(global_batch, world_size)
+        self._check_per_rank(world_size)
         if self.micro_batch_sizes is not None:
             return bounds.check(self.micro_batch_sizes, global_batch, "micro_batch_sizes")
         if self.batch_fractions is not None:
             plan = round_fractions(self.batch_fractions, global_batch, bounds.min_size)
             return bounds.check(plan, global_batch, "batch_fractions")
-        return bounds.check(even_plan(global_batch, n), global_batch, "the even plan")
+        return bounds.check(even_plan(global_batch, world_size), global_batch, "the even plan")
 
     # ------------------------------------------------------------------ data
     def process_dataloader(self, dataloader: object) -> object:
@@ -240,8 +240,8 @@ class UnevenPlans(PassCaps, Weighted):
             batch_range=self.batch_range,
         )
         self._loader = loader
-        bs = getattr(dataloader, "batch_size", None)
-        self._loader_batch_size = None if bs is None else int(bs)
+        batch_size = getattr(dataloader, "batch_size", None)
+        self._loader_batch_size = None if batch_size is None else int(batch_size)
         saved = loader_state_to_restore(trainer)
         if saved is not None:
             self._loader.load_state_dict(saved)
@@ -274,11 +274,11 @@ class UnevenPlans(PassCaps, Weighted):
         return self._loader
 
     def _same_batch(self, schedule: PlanSchedule, dataloader: object) -> bool:
-        bs = getattr(dataloader, "batch_size", None)
+        batch_size = getattr(dataloader, "batch_size", None)
         return (
-            bs is not None
+            batch_size is not None
             and schedule.world_size == self.world_size
-            and schedule.global_batch == int(bs) * self.world_size
+            and schedule.global_batch == int(batch_size) * self.world_size
         )
 
     @property

@@ -209,10 +209,10 @@ class HangWatchdog:
         if raw is None:
             raw = [self.store.get(k) for k in keys]
         progress, steps = [], []
-        for v in raw:
-            p, s = bytes(v).decode().split()
-            progress.append(int(p))
-            steps.append(float(s))
+        for value in raw:
+            count, step_s = bytes(value).decode().split()
+            progress.append(int(count))
+            steps.append(float(step_s))
         hang = self.detector.observe(progress, steps, now)
         seq = int(now * 1000) & 0x7FFFFFFF
         body = None if hang is None else dataclasses.asdict(hang)
@@ -223,10 +223,10 @@ class HangWatchdog:
         key = self._prefix + "v"
         if not self.store.check([key]):
             return None
-        d = json.loads(bytes(self.store.get(key)).decode())
-        if d.get("hang") is not None:
-            d["hang"]["progress"] = tuple(d["hang"]["progress"])
-        return d
+        verdict = json.loads(bytes(self.store.get(key)).decode())
+        if verdict.get("hang") is not None:
+            verdict["hang"]["progress"] = tuple(verdict["hang"]["progress"])
+        return verdict
 
     def _act(self, error: RexRankError) -> None:
         """Raise ``error`` in the main thread; exit the process if it is still here later.

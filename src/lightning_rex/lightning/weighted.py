@@ -190,8 +190,8 @@ class Weighted:
         # passes' gradients are set aside, and added back in the last pass's backward
         params = [] if module is None else [p for p in module.parameters() if p.requires_grad]
         before = [p.grad for p in params]
-        for p in params:
-            p.grad = None
+        for param in params:
+            param.grad = None
         with self.passes_unsynced(), _quiet(module):
             for size, chunk in zip(passes[:-1], chunks[:-1], strict=True):
                 self._pass_size = size
@@ -199,8 +199,8 @@ class Weighted:
                 if loss is not None:
                     self.backward(loss / accumulate if accumulate > 1 else loss, None)
         self._set_aside = [(p, p.grad) for p in params if p.grad is not None]
-        for p, grad in zip(params, before, strict=True):
-            p.grad = grad
+        for param, grad in zip(params, before, strict=True):
+            param.grad = grad
         self._pass_size = passes[-1]
         return super().training_step(chunks[-1], *args[1:], **kwargs)  # type: ignore[misc]
 
@@ -257,8 +257,8 @@ class Weighted:
         if scale != 1.0:
             closure_loss = closure_loss * scale
         aside, self._set_aside = self._set_aside, []
-        for p, grad in aside:  # the earlier passes' gradients, before the synchronising one
-            p.grad = grad if p.grad is None else p.grad.add_(grad)
+        for param, grad in aside:  # the earlier passes' gradients, before the synchronising one
+            param.grad = grad if param.grad is None else param.grad.add_(grad)
         return super().backward(closure_loss, optimizer, *args, **kwargs)  # type: ignore[misc]
 
     def reduce(

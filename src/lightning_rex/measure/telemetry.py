@@ -91,9 +91,9 @@ class GpuTelemetry:
         """
         if not self.available:
             return None
-        nv = self._nvml
-        name = nv.nvmlDeviceGetName(self._handle)
-        uuid = nv.nvmlDeviceGetUUID(self._handle)
+        nvml = self._nvml
+        name = nvml.nvmlDeviceGetName(self._handle)
+        uuid = nvml.nvmlDeviceGetUUID(self._handle)
         return {"name": _text(name), "uuid": _text(uuid)}
 
     def sample(self) -> dict[str, Any] | None:
@@ -105,26 +105,28 @@ class GpuTelemetry:
         """
         if not self.available:
             return None
-        nv, h = self._nvml, self._handle
+        nvml, handle = self._nvml, self._handle
         out: dict[str, Any] = dict(self.identity() or {})
         readers = {
-            "util_gpu_pct": lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu,
-            "sm_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-            "sm_clock_max_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
-            "temperature_c": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
-            "power_w": lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            "util_gpu_pct": lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+            "sm_clock_mhz": lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+            "sm_clock_max_mhz": lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM),
+            "temperature_c": lambda: nvml.nvmlDeviceGetTemperature(
+                handle, nvml.NVML_TEMPERATURE_GPU
+            ),
+            "power_w": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
         }
         for key, read in readers.items():
             with contextlib.suppress(Exception):  # a reading this device does not support
                 out[key] = read()
         reasons = None
-        for fn in (
+        for getter in (
             "nvmlDeviceGetCurrentClocksEventReasons",
             "nvmlDeviceGetCurrentClocksThrottleReasons",
         ):
-            if hasattr(nv, fn):
+            if hasattr(nvml, getter):
                 try:
-                    reasons = int(getattr(nv, fn)(h))
+                    reasons = int(getattr(nvml, getter)(handle))
                     break
                 except Exception:
                     continue

@@ -70,9 +70,9 @@ class ComputeTimer:
             parameters: The module's parameters.
         """
         self.detach()
-        for p in parameters:
-            if p.requires_grad:
-                self._handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        for param in parameters:
+            if param.requires_grad:
+                self._handles.append(param.register_post_accumulate_grad_hook(self._grad_ready))
                 self._n_params += 1
 
     def attach_to(self, module: torch.nn.Module) -> None:
@@ -117,11 +117,11 @@ class ComputeTimer:
         """
         self.detach()
         self._segments = True
-        for m in module.modules():
-            if any(p.requires_grad for p in m.parameters(recurse=False)):
+        for submodule in module.modules():
+            if any(p.requires_grad for p in submodule.parameters(recurse=False)):
                 self._handles += [
-                    m.register_forward_pre_hook(self._leaf_pre),
-                    m.register_forward_hook(self._leaf_post),
+                    submodule.register_forward_pre_hook(self._leaf_pre),
+                    submodule.register_forward_hook(self._leaf_post),
                 ]
 
     def _leaf_pre(self, _: Any, args: tuple[Any, ...]) -> None:
@@ -153,16 +153,16 @@ class ComputeTimer:
     def detach(self) -> None:
         """Remove the hooks."""
         self._segments = False
-        for h in self._handles:
-            h.remove()
+        for handle in self._handles:
+            handle.remove()
         self._handles.clear()
         self._n_params = 0
 
     def _stamp(self) -> Any:
         if self.use_cuda_events:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(torch.cuda.current_stream(self.device))
-            return ev
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
         return time.perf_counter()
 
     def _grad_ready(self, _: torch.Tensor) -> None:

@@ -74,10 +74,10 @@ class BenchModel(L.LightningModule):
         Returns:
             Logits of shape ``(batch, classes)``.
         """
-        h = torch.tanh(self.inp(x))
+        activations = torch.tanh(self.inp(x))
         for _ in range(self.depth):
-            h = torch.tanh(self.hidden(h))
-        return self.out(h.mean(dim=1))
+            activations = torch.tanh(self.hidden(activations))
+        return self.out(activations.mean(dim=1))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """Cross-entropy on the micro-batch (mean-reduced).
@@ -89,8 +89,8 @@ class BenchModel(L.LightningModule):
         Returns:
             The loss.
         """
-        x, y = batch
-        return nn.functional.cross_entropy(self(x), y)
+        inputs, targets = batch
+        return nn.functional.cross_entropy(self(inputs), targets)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """SGD with momentum.
@@ -225,10 +225,11 @@ def _run_once(
     devices = args.devices
     steps = args.steps
     global_batch = PER_RANK_BATCH * devices
-    g = torch.Generator().manual_seed(0)
-    n = global_batch * steps
-    ds = TensorDataset(
-        torch.randn(n, TOKENS, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    generator = torch.Generator().manual_seed(0)
+    num_samples = global_batch * steps
+    dataset = TensorDataset(
+        torch.randn(num_samples, TOKENS, 32, generator=generator),
+        torch.randint(0, 10, (num_samples,), generator=generator),
     )
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
@@ -262,7 +263,7 @@ def _run_once(
             default_root_dir=tmp,
         )
         torch.manual_seed(0)
-        loader = DataLoader(ds, batch_size=PER_RANK_BATCH, shuffle=True)
+        loader = DataLoader(dataset, batch_size=PER_RANK_BATCH, shuffle=True)
         trainer.fit(BenchModel(width=args.width, depth=args.depth), loader)
         result = dict(json.loads(Path(out).read_text()))
         if strategy_name == "emulation":
@@ -331,10 +332,10 @@ def run_benchmark(
     def ratio(name: str, key: str = "samples_per_s") -> list[float]:
         out = []
         for rep in range(args.repeat):
-            by = {r["strategy"]: r for r in runs if r["repeat"] == rep}
-            value = by[name].get(key)
+            by_strategy = {r["strategy"]: r for r in runs if r["repeat"] == rep}
+            value = by_strategy[name].get(key)
             if value is not None:
-                out.append(value / by["ddp"]["samples_per_s"])
+                out.append(value / by_strategy["ddp"]["samples_per_s"])
         return out
 
     if "rex" in args.compare:

@@ -96,55 +96,59 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     Returns:
         The ``bench`` parser.
     """
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "bench",
         help="real 2-process CPU benchmark: ddp vs rex",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
+    parser.add_argument(
         "--compare",
         type=lambda s: [x.strip() for x in s.split(",")],
         default=["ddp", "rex"],
         help="strategies to run, from ddp,rex,rex-static (default ddp,rex); rex-static is rex "
         "with the fixed static plan, useful beside an --adaptive rex",
     )
-    p.add_argument(
+    parser.add_argument(
         "--adaptive",
         action="store_true",
         help="rex starts from the even plan and adapts it with a RexCallback; "
         "--micro-batch-sizes then applies to rex-static only",
     )
-    p.add_argument("--window", type=int, default=30, help="RexCallback window (default 30)")
-    p.add_argument("--devices", type=int, default=2, help="CPU ranks (default 2)")
-    p.add_argument(
+    parser.add_argument("--window", type=int, default=30, help="RexCallback window (default 30)")
+    parser.add_argument("--devices", type=int, default=2, help="CPU ranks (default 2)")
+    parser.add_argument(
         "--slowdowns",
         type=_floats,
         default=None,
         help="per-rank emulated slowdowns, e.g. 1,3 (default: all 1)",
     )
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
-    p.add_argument("--warmup", type=int, default=30, help="steps excluded from timing (default 30)")
-    p.add_argument(
+    parser.add_argument(
+        "--steps", type=int, default=300, help="optimizer steps per run (default 300)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=30, help="steps excluded from timing (default 30)"
+    )
+    parser.add_argument(
         "--micro-batch-sizes",
         type=_ints,
         default=None,
         help="rex plan, e.g. 48,16 (default: proportional to 1/slowdown)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--events",
         type=json.loads,
         default=None,
         help='emulated events as JSON: [{"ranks":[1],"start":100,"end":120,"factor":4}]',
     )
-    p.add_argument(
+    parser.add_argument(
         "--depth",
         type=_positive_int,
         default=6,
         help="how many times the model applies its shared hidden layer: the work per "
         "sample (default 6)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--headroom",
         type=_headroom,
         default=1.0,
@@ -153,43 +157,45 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "step times of a run, and so its ratios, unchanged by another process on the "
         "machine (see HeterogeneityEmulator)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--width",
         type=_positive_int,
         default=256,
         help="the model's hidden width (default 256)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--emulation",
         action="store_true",
         help="check the emulator: the even plan on each of --model-sizes and --thread-counts, "
         "each rank's compute time and its slowdown achieved against the one asked for",
     )
-    p.add_argument(
+    parser.add_argument(
         "--model-sizes",
         type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
         default=["small", "medium", "large"],
         help="with --emulation: models from small,medium,large (default all three)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--thread-counts",
         type=lambda s: [0 if x.strip() == "default" else _positive_int(x) for x in s.split(",")],
         default=[1, 0],
         help="with --emulation: torch threads per rank, 'default' for torch's own choice "
         "(default 1,default)",
     )
-    p.add_argument("--repeat", type=int, default=1, help="interleaved repeats (default 1)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
-    p.add_argument(
+    parser.add_argument("--repeat", type=int, default=1, help="interleaved repeats (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    parser.add_argument(
         "--no-pin",
         dest="pin",
         action="store_false",
         help="do not pin each rank to a core of its own (pinned by default where there is a "
         "core per rank)",
     )
-    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
-    p.set_defaults(func=main)
-    return p
+    parser.add_argument(
+        "--json", action="store_true", help="print exactly one JSON object on stdout"
+    )
+    parser.set_defaults(func=main)
+    return parser
 
 
 def main(args: argparse.Namespace) -> int:
@@ -230,16 +236,16 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     print(f"{'strategy':8s} {'repeat':>6s} {'samples/s':>10s} {'step ms':>8s}  plan")
-    for r in result["runs"]:
+    for run in result["runs"]:
         print(
-            f"{r['strategy']:8s} {r['repeat']:6d} {r['samples_per_s']:10.1f} "
-            f"{r['step_ms_median']:8.2f}  {r['plan']}"
+            f"{run['strategy']:8s} {run['repeat']:6d} {run['samples_per_s']:10.1f} "
+            f"{run['step_ms_median']:8.2f}  {run['plan']}"
         )
     if "ratio_rex_over_ddp" in result:
-        rs = result["ratios"]
+        ratios = result["ratios"]
         print(
-            f"rex/ddp throughput ratio: {result['ratio_rex_over_ddp']:.3f} (median of {len(rs)}; "
-            f"min {min(rs):.3f}, max {max(rs):.3f})"
+            f"rex/ddp throughput ratio: {result['ratio_rex_over_ddp']:.3f} "
+            f"(median of {len(ratios)}; min {min(ratios):.3f}, max {max(ratios):.3f})"
         )
     for key, label in (
         ("ratio_rex_static_over_ddp", "rex-static/ddp throughput ratio"),
@@ -247,9 +253,9 @@ def main(args: argparse.Namespace) -> int:
     ):
         if key in result:
             print(f"{label}: {result[key]:.3f}")
-    for r in result["runs"]:
-        if r.get("adaptive"):
-            print(f"rex repeat {r['repeat']} plan history: {r['plan_history']}")
+    for run in result["runs"]:
+        if run.get("adaptive"):
+            print(f"rex repeat {run['repeat']} plan history: {run['plan_history']}")
     return 0
 
 
@@ -269,7 +275,7 @@ def _emulation(args: argparse.Namespace, sizes: dict[str, Any]) -> int:
         return 0
     print(f"{'model':7s} {'threads':>7s}  {'compute ms per rank':24s} achieved / asked")
     for row in rows:
-        ms = ", ".join(f"{m:.2f}" for m in row["median_ms"])
+        times_ms = ", ".join(f"{m:.2f}" for m in row["median_ms"])
         got = ", ".join(f"{a:.2f}/{b:g}" for a, b in zip(row["achieved"], row["asked"]))
-        print(f"{row['size']:7s} {row['threads'] or 'default':>7}  {ms:24s} {got}")
+        print(f"{row['size']:7s} {row['threads'] or 'default':>7}  {times_ms:24s} {got}")
     return 0

@@ -194,11 +194,11 @@ class HeterogeneityEmulator(Callback):
         Returns:
             ``slowdowns[rank]`` times every active event's factor for that rank.
         """
-        f = 1.0 if self.slowdowns is None else self.slowdowns[rank]
-        for e in self.events:
-            if rank in e.ranks and e.start <= step < e.end:
-                f *= e.factor
-        return f
+        slowdown = 1.0 if self.slowdowns is None else self.slowdowns[rank]
+        for event in self.events:
+            if rank in event.ranks and event.start <= step < event.end:
+                slowdown *= event.factor
+        return slowdown
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Validate against the world size and hook the parameters' gradients."""
@@ -222,15 +222,15 @@ class HeterogeneityEmulator(Callback):
         Raises:
             ValueError: For slowdowns or events that do not match the world size.
         """
-        n = world_size
-        if self.slowdowns is not None and len(self.slowdowns) != n:
+        n_ranks = world_size
+        if self.slowdowns is not None and len(self.slowdowns) != n_ranks:
             raise ValueError(
-                f"slowdowns must have one entry per rank: the world size is {n}, got "
+                f"slowdowns must have one entry per rank: the world size is {n_ranks}, got "
                 f"{len(self.slowdowns)} ({list(self.slowdowns)})"
             )
-        bad = sorted({r for e in self.events for r in e.ranks if r >= n})
+        bad = sorted({r for e in self.events for r in e.ranks if r >= n_ranks})
         if bad:
-            raise ValueError(f"events name ranks {bad}, but the world size is {n}")
+            raise ValueError(f"events name ranks {bad}, but the world size is {n_ranks}")
         default = 1.0 if device.type == "cuda" else CPU_HEADROOM
         self.headroom_in_use = default if self.headroom is None else self.headroom
         self._rank = rank
@@ -246,15 +246,15 @@ class HeterogeneityEmulator(Callback):
             # looks (ComputeTimer.attach_leaves): each leaf's forward end and each leaf's
             # input gradient sleeps until the step so far has lasted its factor
             self._sharded = True
-            for m in module.modules():
-                if any(p.requires_grad for p in m.parameters(recurse=False)):
-                    self._handles.append(m.register_forward_pre_hook(self._leaf_start))
-                    self._handles.append(m.register_forward_hook(self._leaf_done))
+            for submodule in module.modules():
+                if any(p.requires_grad for p in submodule.parameters(recurse=False)):
+                    self._handles.append(submodule.register_forward_pre_hook(self._leaf_start))
+                    self._handles.append(submodule.register_forward_hook(self._leaf_done))
         else:
             self._sharded = False
-            for p in module.parameters():
-                if p.requires_grad:
-                    self._handles.append(p.register_hook(self._grad_computed))
+            for param in module.parameters():
+                if param.requires_grad:
+                    self._handles.append(param.register_hook(self._grad_computed))
         self._expected = len(self._handles)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -276,8 +276,8 @@ class HeterogeneityEmulator(Callback):
         self._remove()
 
     def _remove(self) -> None:
-        for h in self._handles:
-            h.remove()
+        for handle in self._handles:
+            handle.remove()
         self._handles.clear()
 
     def _work_clock(self) -> float:

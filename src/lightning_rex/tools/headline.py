@@ -40,11 +40,11 @@ class Headline:
 
     def sentence(self) -> str:
         """The headline as one sentence."""
-        m, (e, lo, hi), (s, slo, shi) = self.measured, self.even, self.speedup
+        rate, (ddp, low, high), (gain, slo, shi) = self.measured, self.even, self.speedup
         return (
-            f"rex trained {m:,.0f} samples/s; the even split (DDP's) would have trained "
-            f"{e:,.0f} samples/s (95%: {lo:,.0f}-{hi:,.0f}) on the same ranks, estimated from "
-            f"their measured step times: x{s:.2f} (x{slo:.2f}-x{shi:.2f}) over {self.windows} "
+            f"rex trained {rate:,.0f} samples/s; the even split (DDP's) would have trained "
+            f"{ddp:,.0f} samples/s (95%: {low:,.0f}-{high:,.0f}) on the same ranks, estimated from "
+            f"their measured step times: x{gain:.2f} (x{slo:.2f}-x{shi:.2f}) over {self.windows} "
             "windows"
         )
 
@@ -54,20 +54,20 @@ def _per_window(
 ) -> list[tuple[float, float, list[float]] | None]:
     """Each window's ``(samples, wall seconds, even-split seconds [mean, low, high])``."""
     latest: dict[int, list[float]] = {}
-    for r in records:
-        est = r.get("even_step_ms")
+    for record in records:
+        est = record.get("even_step_ms")
         if isinstance(est, list) and len(est) == 3:
-            latest[sum(r["plan"])] = [float(v) / 1000.0 for v in est]
+            latest[sum(record["plan"])] = [float(v) / 1000.0 for v in est]
     out: list[tuple[float, float, list[float]] | None] = []
-    for r in records:
-        wall, n = r.get("window_wall_s"), r.get("window_samples")
-        est = latest.get(sum(r["plan"]))
-        if not wall or not n or est is None:
+    for record in records:
+        wall, samples = record.get("window_wall_s"), record.get("window_samples")
+        est = latest.get(sum(record["plan"]))
+        if not wall or not samples or est is None:
             out.append(None)
             continue
-        steps = r["window"][1] - r["window"][0]
-        outside = max(0.0, wall / steps - max(r["median_ms"]) / 1000.0)
-        out.append((float(n), float(wall), [steps * (t + outside) for t in est]))
+        steps = record["window"][1] - record["window"][0]
+        outside = max(0.0, wall / steps - max(record["median_ms"]) / 1000.0)
+        out.append((float(samples), float(wall), [steps * (t + outside) for t in est]))
     return out
 
 

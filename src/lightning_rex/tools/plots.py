@@ -71,10 +71,10 @@ STYLE = {  # decision -> (colour, marker)
 
 def _figure(title: str) -> tuple[Figure, Axes]:
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    ax = fig.subplots()
-    ax.set_title(title, fontsize=11)
-    ax.grid(True, alpha=0.3)
-    return fig, ax
+    axes = fig.subplots()
+    axes.set_title(title, fontsize=11)
+    axes.grid(True, alpha=0.3)
+    return fig, axes
 
 
 def _colour(i: int, n: int) -> Any:
@@ -84,9 +84,9 @@ def _colour(i: int, n: int) -> Any:
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
-    p = Path(path)
-    fig.savefig(p, dpi=DPI, format="png")
-    return p
+    png_path = Path(path)
+    fig.savefig(png_path, dpi=DPI, format="png")
+    return png_path
 
 
 def _legend(ax: Axes) -> None:
@@ -98,11 +98,11 @@ def _legend(ax: Axes) -> None:
 
 def _mark_changes(ax: Axes, w: Windows) -> None:
     seen: set[str] = set()
-    for st, kind in w.changes:
-        colour, ls = VLINE.get(kind, ("0.3", ":"))
+    for start_step, kind in w.changes:
+        colour, line_style = VLINE.get(kind, ("0.3", ":"))
         label = None if kind in seen else f"plan change ({kind})"
         seen.add(kind)
-        ax.axvline(st, color=colour, ls=ls, lw=1.2, label=label)
+        ax.axvline(start_step, color=colour, ls=line_style, lw=1.2, label=label)
 
 
 def _rank_lines(ax: Axes, x: np.ndarray, y: np.ndarray, w: Windows, step: bool = False) -> None:
@@ -110,34 +110,36 @@ def _rank_lines(ax: Axes, x: np.ndarray, y: np.ndarray, w: Windows, step: bool =
 
     With more groups than ``MAX_RANK_LINES``, some are left out, over the band of all ranks.
     """
-    kw: dict[str, Any] = {"drawstyle": "steps-post"} if step else {}
+    plot_kwargs: dict[str, Any] = {"drawstyle": "steps-post"} if step else {}
     groups = labelled_groups(w)
     if len(groups) > MAX_RANK_LINES:
         keep = set(pick_ranks(w.median_ms[:, [g.ranks[0] for g in groups]]))
         groups = [g for i, g in enumerate(groups) if i in keep]
         with quiet_numpy():
-            lo, mid, hi = np.nanmin(y, 1), np.nanmedian(y, 1), np.nanmax(y, 1)
+            low, mid, high = np.nanmin(y, 1), np.nanmedian(y, 1), np.nanmax(y, 1)
         ax.fill_between(
             x,
-            lo,
-            hi,
+            low,
+            high,
             color="0.6",
             alpha=0.3,
             label=f"min-max of {y.shape[1]}",
             step="post" if step else None,
         )
-        ax.plot(x, mid, color="k", ls="--", lw=1.2, label="median rank", **kw)
-    for i, g in enumerate(groups):
-        colour = _colour(i, len(groups))
-        sub = y[:, g.ranks]
-        if len(g.ranks) > 1:
+        ax.plot(x, mid, color="k", ls="--", lw=1.2, label="median rank", **plot_kwargs)
+    for index, group in enumerate(groups):
+        colour = _colour(index, len(groups))
+        sub = y[:, group.ranks]
+        if len(group.ranks) > 1:
             with quiet_numpy():
-                lo, line, hi = np.nanmin(sub, 1), np.nanmedian(sub, 1), np.nanmax(sub, 1)
-            if np.any(hi > lo):
-                ax.fill_between(x, lo, hi, color=colour, alpha=0.2, step="post" if step else None)
+                low, line, high = np.nanmin(sub, 1), np.nanmedian(sub, 1), np.nanmax(sub, 1)
+            if np.any(high > low):
+                ax.fill_between(
+                    x, low, high, color=colour, alpha=0.2, step="post" if step else None
+                )
         else:
             line = sub[:, 0]
-        ax.plot(x, line, lw=1.0, color=colour, label=g.label, **kw)
+        ax.plot(x, line, lw=1.0, color=colour, label=group.label, **plot_kwargs)
 
 
 def _empty(ax: Axes, text: str) -> None:
@@ -155,12 +157,12 @@ def plot_compute(w: Windows, path: str | Path, title: str = "") -> Path:
     Returns:
         ``path``.
     """
-    fig, ax = _figure(f"{title}compute time per rank (window median)")
-    _rank_lines(ax, w.step, w.median_ms, w)
-    _mark_changes(ax, w)
-    ax.set_xlabel("step (window end)")
-    ax.set_ylabel("compute time [ms]")
-    _legend(ax)
+    fig, axes = _figure(f"{title}compute time per rank (window median)")
+    _rank_lines(axes, w.step, w.median_ms, w)
+    _mark_changes(axes, w)
+    axes.set_xlabel("step (window end)")
+    axes.set_ylabel("compute time [ms]")
+    _legend(axes)
     return _save(fig, path)
 
 
@@ -178,25 +180,25 @@ def plot_plan(w: Windows, path: str | Path, end_step: float, title: str = "") ->
     """
     rows = [p for _, p in w.plans] or [[]]
     starts = [st for st, _ in w.plans] or [0]
-    x = np.array([*starts, max(end_step, starts[-1])], dtype=np.float64)
+    steps = np.array([*starts, max(end_step, starts[-1])], dtype=np.float64)
     totals = [sum(p) for p in rows]
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     if len(set(totals)) > 1:  # the global batch changed: a panel of its own below
-        ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
-        ax2.plot(x, [*totals, totals[-1]], color="k", drawstyle="steps-post", lw=1.5)
+        axes, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
+        ax2.plot(steps, [*totals, totals[-1]], color="k", drawstyle="steps-post", lw=1.5)
         ax2.set_ylabel("global batch")
         ax2.set_xlabel("step")
         ax2.grid(True, alpha=0.3)
     else:
-        ax = fig.subplots()
-        ax.set_xlabel("step")
-    ax.set_title(f"{title}plan: micro-batch per rank", fontsize=11)
-    ax.grid(True, alpha=0.3)
-    y = nan_matrix([*rows, rows[-1]], w.median_ms.shape[1])
-    _rank_lines(ax, x, y, w, step=True)
-    _mark_changes(ax, w)
-    ax.set_ylabel("micro-batch [samples]")
-    _legend(ax)
+        axes = fig.subplots()
+        axes.set_xlabel("step")
+    axes.set_title(f"{title}plan: micro-batch per rank", fontsize=11)
+    axes.grid(True, alpha=0.3)
+    sizes = nan_matrix([*rows, rows[-1]], w.median_ms.shape[1])
+    _rank_lines(axes, steps, sizes, w, step=True)
+    _mark_changes(axes, w)
+    axes.set_ylabel("micro-batch [samples]")
+    _legend(axes)
     return _save(fig, path)
 
 
@@ -212,69 +214,81 @@ def plot_pvalues(w: Windows, path: str | Path, alpha: float, title: str = "") ->
     Returns:
         ``path``.
     """
-    fig, ax = _figure(f"{title}imbalance test: adjusted p-value per rank")
-    p = np.clip(w.p_values, P_FLOOR, 1.0)
-    tested = np.isfinite(p).any(axis=1)
-    ax.set_yscale("log")
+    fig, axes = _figure(f"{title}imbalance test: adjusted p-value per rank")
+    p_values = np.clip(w.p_values, P_FLOOR, 1.0)
+    tested = np.isfinite(p_values).any(axis=1)
+    axes.set_yscale("log")
     if tested.any():
         groups = labelled_groups(w)
         if len(groups) > MAX_RANK_LINES:
             keep = set(pick_ranks(w.median_ms[:, [g.ranks[0] for g in groups]]))
             groups = [g for i, g in enumerate(groups) if i in keep]
-        for i, g in enumerate(groups):
+        for index, group in enumerate(groups):
             with quiet_numpy():
-                pg = np.nanmin(p[:, g.ranks], axis=1)
-            ok = np.isfinite(pg)
-            if ok.any():
-                ax.plot(
-                    w.step[ok],
-                    pg[ok],
+                group_p = np.nanmin(p_values[:, group.ranks], axis=1)
+            finite = np.isfinite(group_p)
+            if finite.any():
+                axes.plot(
+                    w.step[finite],
+                    group_p[finite],
                     ".",
                     ms=4,
                     alpha=0.7,
-                    color=_colour(i, len(groups)),
-                    label=g.label,
+                    color=_colour(index, len(groups)),
+                    label=group.label,
                 )
         with quiet_numpy():
-            low = np.nanmin(p[tested], axis=1)
-        ax.plot(w.step[tested], low, "-", color="k", lw=1.0, label="min over ranks")
+            low = np.nanmin(p_values[tested], axis=1)
+        axes.plot(w.step[tested], low, "-", color="k", lw=1.0, label="min over ranks")
     else:
-        _empty(ax, "no p-values in these records")
-    ax.axhline(alpha, color="tab:red", ls="--", lw=1.5, label=f"alpha = {alpha:g}")
+        _empty(axes, "no p-values in these records")
+    axes.axhline(alpha, color="tab:red", ls="--", lw=1.5, label=f"alpha = {alpha:g}")
     marks: dict[tuple[str, str, str], list[int]] = {}  # (label, colour, marker) -> windows
-    for i, d in enumerate(w.decisions):
-        if d not in STYLE:
+    for index, decision in enumerate(w.decisions):
+        if decision not in STYLE:
             continue
-        colour, marker = STYLE[d]
-        label = VALIDATION.get(d, d)
-        if d in ("propose", "recommend"):
-            text, marker = PROPOSAL_CAUSES[proposal_cause(w.reasons[i] if w.reasons else "")]
-            label = text.replace("propose", d, 1)
-        marks.setdefault((label, colour, marker), []).append(i)
+        colour, marker = STYLE[decision]
+        label = VALIDATION.get(decision, decision)
+        if decision in ("propose", "recommend"):
+            text, marker = PROPOSAL_CAUSES[proposal_cause(w.reasons[index] if w.reasons else "")]
+            label = text.replace("propose", decision, 1)
+        marks.setdefault((label, colour, marker), []).append(index)
     strip = 4.0  # above p = 1: where the validation outcomes sit
-    for (label, colour, marker), at in marks.items():
+    for (label, colour, marker), window_indices in marks.items():
         if label in VALIDATION.values():
-            y = [strip] * len(at)
+            heights = [strip] * len(window_indices)
         else:
             with quiet_numpy():
-                y = [np.nanmin(p[i]) if np.isfinite(p[i]).any() else 1.0 for i in at]
-        ax.scatter(
-            w.step[at], y, s=60, color=colour, marker=marker, zorder=3, edgecolors="k", label=label
+                heights = [
+                    np.nanmin(p_values[i]) if np.isfinite(p_values[i]).any() else 1.0
+                    for i in window_indices
+                ]
+        axes.scatter(
+            w.step[window_indices],
+            heights,
+            s=60,
+            color=colour,
+            marker=marker,
+            zorder=3,
+            edgecolors="k",
+            label=label,
         )
-    ax.axhline(1.0, color="0.5", lw=0.8)
-    ax.text(
+    axes.axhline(1.0, color="0.5", lw=0.8)
+    axes.text(
         0.005,
         strip,
         " validation",
-        transform=ax.get_yaxis_transform(),
+        transform=axes.get_yaxis_transform(),
         va="center",
         fontsize=8,
         color="0.3",
     )
-    ax.set_ylim(max(P_FLOOR, min(alpha, float(np.nanmin(p)) if tested.any() else 1.0) / 3), 8.0)
-    ax.set_xlabel("step (window end)")
-    ax.set_ylabel("p-value")
-    _legend(ax)
+    axes.set_ylim(
+        max(P_FLOOR, min(alpha, float(np.nanmin(p_values)) if tested.any() else 1.0) / 3), 8.0
+    )
+    axes.set_xlabel("step (window end)")
+    axes.set_ylabel("p-value")
+    _legend(axes)
     return _save(fig, path)
 
 
@@ -290,25 +304,46 @@ def plot_throughput(w: Windows, path: str | Path, title: str = "", headline: str
     Returns:
         ``path``.
     """
-    fig, ax = _figure(f"{title}global throughput" + (f"\n{headline}" if headline else ""))
-    ok = np.isfinite(w.throughput)
-    if ok.any():
-        ax.plot(w.step[ok], w.throughput[ok], "-", color="tab:blue", lw=1.2, label="measured")
+    fig, axes = _figure(f"{title}global throughput" + (f"\n{headline}" if headline else ""))
+    measured = np.isfinite(w.throughput)
+    if measured.any():
+        axes.plot(
+            w.step[measured],
+            w.throughput[measured],
+            "-",
+            color="tab:blue",
+            lw=1.2,
+            label="measured",
+        )
     else:
-        _empty(ax, "no throughput in these records")
+        _empty(axes, "no throughput in these records")
     even = np.isfinite(w.even[:, 0]) if len(w.even) else np.zeros(len(w.step), bool)
     if even.any():
-        x, e = w.step[even], w.even[even]
-        ax.fill_between(x, e[:, 1], e[:, 2], color="tab:orange", alpha=0.25, label="95% interval")
-        ax.plot(x, e[:, 0], "--", color="tab:orange", lw=1.2, label="even split (estimated)")
+        even_steps, estimate = w.step[even], w.even[even]
+        axes.fill_between(
+            even_steps,
+            estimate[:, 1],
+            estimate[:, 2],
+            color="tab:orange",
+            alpha=0.25,
+            label="95% interval",
+        )
+        axes.plot(
+            even_steps,
+            estimate[:, 0],
+            "--",
+            color="tab:orange",
+            lw=1.2,
+            label="even split (estimated)",
+        )
     lim = np.isfinite(w.limit)
     if lim.any():
-        ax.plot(w.step[lim], w.limit[lim], "--", color="k", lw=1.2, label="limit (oracle)")
-    _mark_changes(ax, w)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("step (window end)")
-    ax.set_ylabel("samples / s")
-    _legend(ax)
+        axes.plot(w.step[lim], w.limit[lim], "--", color="k", lw=1.2, label="limit (oracle)")
+    _mark_changes(axes, w)
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel("step (window end)")
+    axes.set_ylabel("samples / s")
+    _legend(axes)
     return _save(fig, path)
 
 
@@ -328,26 +363,28 @@ def plot_comparison(
     Returns:
         ``path``.
     """
-    fig, ax = _figure(title)
+    fig, axes = _figure(title)
     scenarios = list(data)
     policies = list(dict.fromkeys(p for s in scenarios for p in data[s]))
     width = 0.8 / max(len(policies), 1)
-    for j, pol in enumerate(policies):
-        xs: list[float] = []
-        ys: list[float] = []
+    for policy_index, pol in enumerate(policies):
+        positions: list[float] = []
+        centres: list[float] = []
         err: list[list[float]] = [[], []]
-        for i, s in enumerate(scenarios):
-            if pol not in data[s]:
+        for scenario_index, scenario in enumerate(scenarios):
+            if pol not in data[scenario]:
                 continue
-            c, lo, hi = data[s][pol]
-            xs.append(i - 0.4 + width * (j + 0.5))
-            ys.append(c)
-            err[0].append(0.0 if lo is None or not math.isfinite(lo) else max(c - lo, 0.0))
-            err[1].append(0.0 if hi is None or not math.isfinite(hi) else max(hi - c, 0.0))
-        ax.errorbar(xs, ys, yerr=err, fmt="o", ms=6, capsize=4, lw=1.5, label=pol)
-    ax.axhline(1.0, color="k", ls="--", lw=1.0, label="limit (oracle)")
-    ax.set_xticks(range(len(scenarios)), scenarios, rotation=0 if len(scenarios) < 5 else 20)
-    ax.set_xlim(-0.6, len(scenarios) - 0.4)
-    ax.set_ylabel("efficiency (throughput / limit)")
-    _legend(ax)
+            centre, low, high = data[scenario][pol]
+            positions.append(scenario_index - 0.4 + width * (policy_index + 0.5))
+            centres.append(centre)
+            err[0].append(0.0 if low is None or not math.isfinite(low) else max(centre - low, 0.0))
+            err[1].append(
+                0.0 if high is None or not math.isfinite(high) else max(high - centre, 0.0)
+            )
+        axes.errorbar(positions, centres, yerr=err, fmt="o", ms=6, capsize=4, lw=1.5, label=pol)
+    axes.axhline(1.0, color="k", ls="--", lw=1.0, label="limit (oracle)")
+    axes.set_xticks(range(len(scenarios)), scenarios, rotation=0 if len(scenarios) < 5 else 20)
+    axes.set_xlim(-0.6, len(scenarios) - 0.4)
+    axes.set_ylabel("efficiency (throughput / limit)")
+    _legend(axes)
     return _save(fig, path)

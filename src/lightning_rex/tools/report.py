@@ -59,41 +59,43 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The sub-parser, with ``func`` set to :func:`main`.
     """
-    p = subparsers.add_parser(
+    parser = subparsers.add_parser(
         "report",
         help="plot a run's decision log or a simulator trace (PNGs and index.html)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
+    parser.add_argument(
         "inputs",
         nargs="+",
         metavar="INPUT",
         help="a run directory, a rex_decisions.jsonl file, a 'simulate --trace' directory, or"
         " 'simulate --json' output files",
     )
-    p.add_argument(
+    parser.add_argument(
         "--out",
         default=None,
         metavar="DIR",
         help="output directory (default: rex_report/ inside the first input directory, or next"
         " to the first input file)",
     )
-    p.add_argument("--run-id", default=None, help="the run to draw (default: the log's last)")
-    p.add_argument(
+    parser.add_argument("--run-id", default=None, help="the run to draw (default: the log's last)")
+    parser.add_argument(
         "--alpha",
         type=float,
         default=None,
         help=f"significance level to draw (default: the records' own, else {DEFAULT_ALPHA})",
     )
-    p.add_argument(
+    parser.add_argument(
         "--policy",
         default=None,
         help="trace directories: the policy to draw (default: rex if traced, else the first)",
     )
-    p.add_argument("--seed", type=int, default=None, help="trace directories: the seed to draw")
-    p.set_defaults(func=main)
-    return p
+    parser.add_argument(
+        "--seed", type=int, default=None, help="trace directories: the seed to draw"
+    )
+    parser.set_defaults(func=main)
+    return parser
 
 
 def _fmt_plan(plan: Sequence[int] | None) -> str:
@@ -117,11 +119,11 @@ def _run_section(
     label: str, source: Path, records: list[dict[str, Any]], pngs: list[Path], headline: str
 ) -> str:
     """The HTML of one run: headline, summary, plots, and its non-hold decisions."""
-    e = html.escape
+    escape = html.escape
     changes = [r for r in records if r.get("effective_step") is not None]
     counts: dict[str, int] = {}
-    for r in records:
-        counts[str(r["decision"])] = counts.get(str(r["decision"]), 0) + 1
+    for record in records:
+        counts[str(record["decision"])] = counts.get(str(record["decision"]), 0) + 1
     final = changes[-1]["new_plan"] if changes else records[-1]["plan"]
     run_id = str(records[-1].get("run_id"))
     summary = [
@@ -136,14 +138,15 @@ def _run_section(
         ("first plan", _fmt_plan(records[0]["plan"])),
         ("final plan", _fmt_plan(final)),
     ]
-    parts = [f"<h2>{e(label)}</h2>"]
+    parts = [f"<h2>{escape(label)}</h2>"]
     if headline:
-        parts.append(f'<p class="headline"><b>{e(headline)}</b></p>')
+        parts.append(f'<p class="headline"><b>{escape(headline)}</b></p>')
     parts.append("<table>")
-    parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in summary]
+    parts += [f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in summary]
     parts.append("</table>")
     parts += [
-        f'<p><a href="{e(p.name)}"><img src="{e(p.name)}" alt="{e(p.stem)}"></a></p>' for p in pngs
+        f'<p><a href="{escape(p.name)}"><img src="{escape(p.name)}" alt="{escape(p.stem)}"></a></p>'
+        for p in pngs
     ]
     acted = [r for r in records if r["decision"] != "hold"]
     parts.append(f"<h3>Decisions other than hold ({len(acted)})</h3>")
@@ -152,18 +155,18 @@ def _run_section(
             "<table><tr><th>window</th><th>decision</th><th>plan</th><th>new plan</th>"
             "<th>effective step</th><th>imbalance</th><th>reason</th></tr>"
         )
-        for r in acted[:MAX_TABLE_ROWS]:
-            imb = r.get("imbalance")
+        for record in acted[:MAX_TABLE_ROWS]:
+            imb = record.get("imbalance")
             cells = [
-                f"{r['window'][0]}-{r['window'][1]}",
-                str(r["decision"]),
-                _fmt_plan(r["plan"]),
-                _fmt_plan(r.get("new_plan")),
-                "-" if r.get("effective_step") is None else str(r["effective_step"]),
+                f"{record['window'][0]}-{record['window'][1]}",
+                str(record["decision"]),
+                _fmt_plan(record["plan"]),
+                _fmt_plan(record.get("new_plan")),
+                "-" if record.get("effective_step") is None else str(record["effective_step"]),
                 "-" if imb is None else f"{imb:.3f}",
-                str(r.get("reason", "")),
+                str(record.get("reason", "")),
             ]
-            parts.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
+            parts.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
         parts.append("</table>")
         if len(acted) > MAX_TABLE_ROWS:
             parts.append(f"<p>({len(acted) - MAX_TABLE_ROWS} more rows left out)</p>")
@@ -171,7 +174,7 @@ def _run_section(
 
 
 def _page(report: Report, sections: list[str], comparison: Path | None) -> str:
-    e = html.escape
+    escape = html.escape
     parts = [
         "<!DOCTYPE html>",
         '<html><head><meta charset="utf-8"><title>lightning-rex report</title>',
@@ -183,17 +186,18 @@ def _page(report: Report, sections: list[str], comparison: Path | None) -> str:
     ]
     if comparison is not None:
         parts.append("<h2>Policies compared</h2>")
-        parts += [f"<p>{e(n)}</p>" for n in report.notes]
-        parts.append(f'<p><img src="{e(comparison.name)}" alt="comparison"></p>')
+        parts += [f"<p>{escape(n)}</p>" for n in report.notes]
+        parts.append(f'<p><img src="{escape(comparison.name)}" alt="comparison"></p>')
         parts.append(
             "<table><tr><th>scenario</th><th>policy</th><th>efficiency</th>"
             "<th>95% interval</th></tr>"
         )
         for scen, rows in report.comparison.items():
-            for pol, (c, lo, hi) in rows.items():
-                ci = "-" if lo is None or hi is None else f"[{lo:.4f}, {hi:.4f}]"
+            for pol, (centre, low, high) in rows.items():
+                interval = "-" if low is None or high is None else f"[{low:.4f}, {high:.4f}]"
                 parts.append(
-                    f"<tr><td>{e(scen)}</td><td>{e(pol)}</td><td>{c:.4f}</td><td>{ci}</td></tr>"
+                    f"<tr><td>{escape(scen)}</td><td>{escape(pol)}</td>"
+                    f"<td>{centre:.4f}</td><td>{interval}</td></tr>"
                 )
         parts.append("</table>")
     parts += sections
@@ -241,8 +245,8 @@ def main(args: argparse.Namespace) -> int:
     except (KeyError, IndexError, TypeError, ValueError) as err:
         print(f"report: a record lacks what the plots need ({err!r})", file=sys.stderr)
         return 2
-    for p in written:
-        print(p)
+    for path in written:
+        print(path)
     return 0
 
 
@@ -257,7 +261,7 @@ def _write(report: Report, args: argparse.Namespace, plots: ModuleType) -> list[
     sections = []
     used: set[str] = set()
     for label, source, records in report.runs:
-        w = plots.Windows.from_records(records)
+        windows = plots.Windows.from_records(records)
         levels = Counter(float(r["alpha"]) for r in records if r.get("alpha"))
         alpha = args.alpha or (levels.most_common(1)[0][0] if levels else DEFAULT_ALPHA)
         # one run: compute.png, ...; several: <scenario or run id>_compute.png, ...
@@ -269,11 +273,11 @@ def _write(report: Report, args: argparse.Namespace, plots: ModuleType) -> list[
         found = even_split_headline(records)
         headline = "" if found is None else found.sentence()
         pngs = [
-            plots.plot_compute(w, out / f"{prefix}compute.png", title),
-            plots.plot_plan(w, out / f"{prefix}plan.png", float(records[-1]["step"]), title),
-            plots.plot_pvalues(w, out / f"{prefix}pvalues.png", alpha, title),
+            plots.plot_compute(windows, out / f"{prefix}compute.png", title),
+            plots.plot_plan(windows, out / f"{prefix}plan.png", float(records[-1]["step"]), title),
+            plots.plot_pvalues(windows, out / f"{prefix}pvalues.png", alpha, title),
             plots.plot_throughput(
-                w,
+                windows,
                 out / f"{prefix}throughput.png",
                 title,
                 "" if found is None else f"x{found.speedup[0]:.2f} the even split's estimate",

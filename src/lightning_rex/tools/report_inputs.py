@@ -47,8 +47,8 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
 
     try:
         records = DecisionLog.read(path)
-    except ValueError as e:
-        raise ReportError(str(e)) from None
+    except ValueError as error:
+        raise ReportError(str(error)) from None
     return [r for r in records if isinstance(r, dict) and "window" in r and "plan" in r]
 
 
@@ -59,9 +59,9 @@ def _pick_run(
     runs: dict[str, tuple[Path, list[dict[str, Any]]]] = {}
     last = None
     for path, records in logs:
-        for r in records:
-            last = str(r.get("run_id"))
-            runs.setdefault(last, (path, []))[1].append(r)
+        for record in records:
+            last = str(record.get("run_id"))
+            runs.setdefault(last, (path, []))[1].append(record)
     if last is None:
         raise ReportError(f"{where} holds no window records")
     run_id = last if run_id is None else run_id
@@ -99,23 +99,23 @@ def _trace(root: Path, args: argparse.Namespace, out: Report) -> None:
     try:
         summary = json.loads((root / "summary.json").read_text())
         scenarios = dict(summary["scenarios"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ReportError(f"{root / 'summary.json'}: not a trace summary ({e})") from None
-    for name, s in scenarios.items():
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ReportError(f"{root / 'summary.json'}: not a trace summary ({error})") from None
+    for name, scenario in scenarios.items():
         rows = {}
-        for pol, d in s["policies"].items():
+        for pol, stats in scenario["policies"].items():
             if pol != "oracle":
-                if "eff_mean" in d:  # the mean simulate --seeds prints
-                    lo, hi = d.get("eff_mean_ci95") or (None, None)
-                    rows[pol] = (float(d["eff_mean"]), lo, hi)
+                if "eff_mean" in stats:  # the mean simulate --seeds prints
+                    low, high = stats.get("eff_mean_ci95") or (None, None)
+                    rows[pol] = (float(stats["eff_mean"]), low, high)
                 else:  # a summary written before it was saved
-                    lo, hi = d.get("eff_ci95") or (None, None)
-                    rows[pol] = (float(d["eff_gmean"]), lo, hi)
+                    low, high = stats.get("eff_ci95") or (None, None)
+                    rows[pol] = (float(stats["eff_gmean"]), low, high)
         out.comparison.setdefault(name, {}).update(rows)
-        seed = s["seeds"][0] if args.seed is None else args.seed
-        traced = [n for n in s["policies"] if n != "oracle"]
+        seed = scenario["seeds"][0] if args.seed is None else args.seed
+        traced = [n for n in scenario["policies"] if n != "oracle"]
         policy = args.policy or ("rex" if "rex" in traced else (traced or ["rex"])[0])
-        log = root / s.get("trace_dir", name) / policy / f"seed{seed}.jsonl"
+        log = root / scenario.get("trace_dir", name) / policy / f"seed{seed}.jsonl"
         if not log.exists():
             out.notes.append(f"{name}: no trace of policy {policy!r}, seed {seed} ({log}).")
             continue
@@ -148,8 +148,10 @@ def load_inputs(paths: Sequence[str], args: argparse.Namespace) -> Report:
     for spec in paths:
         try:
             _load_one(Path(spec), args, out)
-        except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError) as e:
-            raise ReportError(f"{spec}: not a decision log, trace or simulator JSON ({e!r})") from e
+        except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError) as error:
+            raise ReportError(
+                f"{spec}: not a decision log, trace or simulator JSON ({error!r})"
+            ) from error
     return out
 
 
@@ -172,13 +174,13 @@ def _load_one(p: Path, args: argparse.Namespace, out: Report) -> None:
         out.runs.append(_pick_run([(f, _read_log(f)) for f in files], args.run_id, p))
     elif p.suffix == ".json":
         try:
-            d = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise ReportError(f"{p}: not JSON ({e})") from None
-        if isinstance(d, dict) and "scenarios" in d:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as error:
+            raise ReportError(f"{p}: not JSON ({error})") from None
+        if isinstance(data, dict) and "scenarios" in data:
             _trace(p.parent, args, out)
         else:
-            _comparison_from_json(d if isinstance(d, dict) else {}, p, out)
+            _comparison_from_json(data if isinstance(data, dict) else {}, p, out)
     else:
         out.runs.append(_pick_run([(p, _read_log(p))], args.run_id, p))
 
@@ -194,8 +196,8 @@ def run_label(run_id: str, records: list[dict[str, Any]]) -> str:
         ``"run of 2026-12-02 10:31 UTC, 2 ranks"``.
     """
     when = str(records[0].get("time") or "")
-    n = len(records[-1]["plan"])
-    ranks = f"{n} rank{'s' if n != 1 else ''}"
+    num_ranks = len(records[-1]["plan"])
+    ranks = f"{num_ranks} rank{'s' if num_ranks != 1 else ''}"
     if len(when) >= 16:
         return f"run of {when[:10]} {when[11:16]} UTC, {ranks}"
     return f"run {run_id}, {ranks}"

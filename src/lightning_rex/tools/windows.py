@@ -64,9 +64,9 @@ def nan_matrix(rows: Sequence[Sequence[float | None] | None], width: int) -> np.
         The array.
     """
     out = np.full((len(rows), width), np.nan)
-    for i, row in enumerate(rows):
-        for j, v in enumerate(row or []):
-            out[i, j] = np.nan if v is None else float(v)
+    for row_index, row in enumerate(rows):
+        for column, value in enumerate(row or []):
+            out[row_index, column] = np.nan if value is None else float(value)
     return out
 
 
@@ -115,28 +115,28 @@ class Windows:
         Returns:
             The arrays.
         """
-        n = max([len(r["plan"]) for r in records] + [1])
+        num_ranks = max([len(r["plan"]) for r in records] + [1])
         plans: list[tuple[int, list[int]]] = []
         changes: list[tuple[int, str]] = []
-        for r in records:
-            timeline = [(int(r["window"][0]), list(r["plan"]))]
-            if r.get("effective_step") is not None and r.get("new_plan") is not None:
-                changes.append((int(r["effective_step"]), str(r["decision"])))
-                timeline.append((int(r["effective_step"]), list(r["new_plan"])))
-            for st, plan in timeline:
-                if not plans or (plan != plans[-1][1] and st >= plans[-1][0]):
-                    plans.append((st, plan))
+        for record in records:
+            timeline = [(int(record["window"][0]), list(record["plan"]))]
+            if record.get("effective_step") is not None and record.get("new_plan") is not None:
+                changes.append((int(record["effective_step"]), str(record["decision"])))
+                timeline.append((int(record["effective_step"]), list(record["new_plan"])))
+            for start_step, plan in timeline:
+                if not plans or (plan != plans[-1][1] and start_step >= plans[-1][0]):
+                    plans.append((start_step, plan))
         return cls(
             step=_vector([r["step"] for r in records]),
-            median_ms=nan_matrix([r["median_ms"] for r in records], n),
-            p_values=nan_matrix([r.get("p_values") for r in records], n),
+            median_ms=nan_matrix([r["median_ms"] for r in records], num_ranks),
+            p_values=nan_matrix([r.get("p_values") for r in records], num_ranks),
             throughput=_vector([r.get("global_samples_per_s") for r in records]),
             limit=_vector([r.get("limit_samples_per_s") for r in records]),
             decisions=[str(r["decision"]) for r in records],
             plans=plans,
             changes=changes,
             reasons=[str(r.get("reason") or "") for r in records],
-            devices=_devices(records, n),
+            devices=_devices(records, num_ranks),
             even=nan_matrix(even_split_series(records), 3),
         )
 
@@ -157,8 +157,8 @@ def device_label(key: Any) -> str | None:
 
 def _devices(records: Sequence[Mapping[str, Any]], n: int) -> list[str | None]:
     """Each rank's device from the last record that names as many devices as ranks."""
-    for r in reversed(records):
-        keys = r.get("devices")
+    for record in reversed(records):
+        keys = record.get("devices")
         if isinstance(keys, list) and len(keys) == n:
             return [device_label(k) for k in keys]
     return [None] * n
@@ -188,13 +188,13 @@ def _ranges(ranks: Sequence[int], most: int = 3) -> str:
     """``[0, 1, 2, 5]`` as ``0-2, 5``; beyond ``most`` runs, ``0, 5, 10, ... (64 ranks)``."""
     out: list[str] = []
     start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
             continue
         out.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
+        if rank is not None:
+            start = prev = rank
     if len(out) > most:
         return f"{', '.join(out[:most])}, ... ({len(ranks)} ranks)"
     return ", ".join(out)
@@ -224,25 +224,25 @@ def rank_groups(w: Windows, tolerance: float = GROUP_TOLERANCE) -> list[list[int
         Groups of ranks, each ascending, ordered by their first rank; ranks the records do
         not group stay alone.
     """
-    n = w.median_ms.shape[1]
-    plans = nan_matrix([p for _, p in w.plans] or [[]], n)
-    devices = w.devices if len(w.devices) == n else [None] * n
+    num_ranks = w.median_ms.shape[1]
+    plans = nan_matrix([p for _, p in w.plans] or [[]], num_ranks)
+    devices = w.devices if len(w.devices) == num_ranks else [None] * num_ranks
     with quiet_numpy():
-        mean = np.nanmean(w.median_ms, axis=0) if len(w.step) else np.full(n, np.nan)
+        mean = np.nanmean(w.median_ms, axis=0) if len(w.step) else np.full(num_ranks, np.nan)
     groups: list[list[int]] = []
-    for r in range(n):
-        for g in groups:
-            first = g[0]
-            same_plan = np.array_equal(plans[:, first], plans[:, r], equal_nan=True)
-            a, b = mean[first], mean[r]
-            near = (np.isnan(a) and np.isnan(b)) or bool(
-                abs(a - b) <= tolerance * max(abs(a), abs(b))
+    for rank in range(num_ranks):
+        for group in groups:
+            first = group[0]
+            same_plan = np.array_equal(plans[:, first], plans[:, rank], equal_nan=True)
+            first_mean, rank_mean = mean[first], mean[rank]
+            near = (np.isnan(first_mean) and np.isnan(rank_mean)) or bool(
+                abs(first_mean - rank_mean) <= tolerance * max(abs(first_mean), abs(rank_mean))
             )
-            if devices[first] == devices[r] and same_plan and near:
-                g.append(r)
+            if devices[first] == devices[rank] and same_plan and near:
+                group.append(rank)
                 break
         else:
-            groups.append([r])
+            groups.append([rank])
     return groups
 
 
@@ -255,16 +255,16 @@ def labelled_groups(w: Windows) -> list[Group]:
     Returns:
         The groups, ordered by their first rank.
     """
-    n = w.median_ms.shape[1]
-    devices = w.devices if len(w.devices) == n else [None] * n
+    num_ranks = w.median_ms.shape[1]
+    devices = w.devices if len(w.devices) == num_ranks else [None] * num_ranks
     out = []
-    for g in rank_groups(w):
-        dev = devices[g[0]]
-        if len(g) == 1:
-            label = f"rank {g[0]}" + (f" ({dev})" if dev else "")
+    for group in rank_groups(w):
+        dev = devices[group[0]]
+        if len(group) == 1:
+            label = f"rank {group[0]}" + (f" ({dev})" if dev else "")
         else:
-            label = (f"{dev}: " if dev else "") + f"ranks {_ranges(g)}"
-        out.append(Group(g, label))
+            label = (f"{dev}: " if dev else "") + f"ranks {_ranges(group)}"
+        out.append(Group(group, label))
     return out
 
 
@@ -279,13 +279,13 @@ def pick_ranks(median_ms: np.ndarray, max_lines: int = MAX_RANK_LINES) -> list[i
         Rank indices, ascending: with more ranks than ``max_lines``, ranks at evenly spaced
         positions of the order by mean value (the fastest and the slowest included).
     """
-    n = median_ms.shape[1]
-    if n <= max_lines:
-        return list(range(n))
+    num_ranks = median_ms.shape[1]
+    if num_ranks <= max_lines:
+        return list(range(num_ranks))
     with quiet_numpy():
         mean = np.nanmean(np.where(np.isfinite(median_ms), median_ms, np.nan), axis=0)
     order = np.argsort(np.nan_to_num(mean, nan=-np.inf), kind="stable")
-    idx = np.unique(np.linspace(0, n - 1, max_lines).round().astype(int))
+    idx = np.unique(np.linspace(0, num_ranks - 1, max_lines).round().astype(int))
     return sorted(int(order[i]) for i in idx)
 
 

@@ -67,17 +67,17 @@ def propose_change(
     """
     if plan is None:
         state.refit_wanted = state.refit_wanted or refit_due(model, state.fitted_at)
-        lo, hi = sizes
+        low, high = sizes
         current = np.asarray(state.plan)
         plan, pred_new, pred_cur = propose_plan(
             model,
             state.plan,
-            lo,
-            hi,
+            low,
+            high,
             state.global_batch,
             kappa=exploration_kappa(settings.explore, model.n_obs),
             explore_slack=settings.explore_slack,
-            in_bounds=not bool(np.any(current < lo) or np.any(current > hi)),
+            in_bounds=not bool(np.any(current < low) or np.any(current > high)),
             floors=state.floors,
         )
         gain = settings.min_gain * (2.0 if state.rolled_back else 1.0)

@@ -188,8 +188,8 @@ class Controller:
         """
         if self.model.n_obs == 0:
             raise RuntimeError("predict_step_time needs at least one window")
-        lo, hi = self.bounds.arrays(global_batch, self.world_size)
-        return best_plan_for(self.model, lo, hi, global_batch)
+        low, high = self.bounds.arrays(global_batch, self.world_size)
+        return best_plan_for(self.model, low, high, global_batch)
 
     def set_global_batch(self, global_batch: int, plan: Sequence[int]) -> None:
         """Move to another global batch with ``plan`` (a validated batch scaling change).
@@ -350,9 +350,9 @@ class Controller:
         self._looks.clear()
 
     def _violates_bounds(self, plan: Plan) -> bool:
-        lo, hi = self._size_arrays()
+        low, high = self._size_arrays()
         sizes = np.asarray(plan)
-        return bool(np.any(sizes < lo) or np.any(sizes > hi))
+        return bool(np.any(sizes < low) or np.any(sizes > high))
 
     def _propose(
         self,

@@ -158,7 +158,7 @@ class ControllerState:
         thr = math.log1p(min_effect)
         # a window median's relative standard error: the recent windows' median has its
         # share of it, which counts against the gap (noise is not a change)
-        se = math.sqrt(float(model.rel_var[-1])) if model.rel_var else 0.0
+        rel_se = math.sqrt(float(model.rel_var[-1])) if model.rel_var else 0.0
         model_gap = np.abs(np.log(recent / model.predict(self.plan)))
         ref_gap = (
             np.abs(np.log(recent / np.asarray(self.reference)))
@@ -169,9 +169,9 @@ class ControllerState:
         def gap(widen: float) -> np.ndarray:
             # the model's gap less its noise margin, or the reference's (one window's
             # medians: its own noise counts against the gap), whichever is larger
-            out = model_gap - widen * 1.5 * se / math.sqrt(max(1, len(self.recent)))
+            out = model_gap - widen * 1.5 * rel_se / math.sqrt(max(1, len(self.recent)))
             if ref_gap is not None:
-                out = np.maximum(out, ref_gap - widen * 3.0 * math.sqrt(2) * se)
+                out = np.maximum(out, ref_gap - widen * 3.0 * math.sqrt(2) * rel_se)
             return out
 
         moved = [r for r in flagged if gap(1.0)[r] > thr]
@@ -179,9 +179,9 @@ class ControllerState:
             # the cluster changed: every rank whose curve moved as far forgets, flagged or
             # not (two ranks that slowed together, one of them not flagged yet, would keep
             # the other's fast history, and the plan would give it more work)
-            n = len(recent)
-            wide = gap(float(stats.norm.isf(stats.norm.sf(3.0) / n)) / 3.0)
-            moved = sorted({*moved, *(r for r in range(n) if wide[r] > thr)})
+            n_ranks = len(recent)
+            wide = gap(float(stats.norm.isf(stats.norm.sf(3.0) / n_ranks)) / 3.0)
+            moved = sorted({*moved, *(r for r in range(n_ranks) if wide[r] > thr)})
         self.changed = bool(moved)
         if moved:  # measurements changed: what a rollback taught about these ranks is stale
             gone = set(moved)
@@ -202,11 +202,11 @@ class ControllerState:
         """
         if window.n_steps < 3:
             return
-        t = window.times
+        times = window.times
         changed = [r for r, (a, b) in enumerate(zip(window.plan, previous)) if a != b]
         if not changed:
             return
-        extra = max(float(t[r, 0] - np.median(t[r, 1:])) for r in changed)
+        extra = max(float(times[r, 0] - np.median(times[r, 1:])) for r in changed)
         cost = max(0.0, extra)
         self.shape_cost_s = cost if self.shape_cost_s == 0.0 else 0.5 * (self.shape_cost_s + cost)
 

@@ -175,24 +175,24 @@ def early_imbalance(
     Returns:
         The flagged ranks, sorted (empty when the evidence is not yet conclusive).
     """
-    a, c = alpha * EARLY_LEVEL, consistency * EARLY_LEVEL
+    look_alpha, look_consistency = alpha * EARLY_LEVEL, consistency * EARLY_LEVEL
     effect = _EARLY_EFFECT * min_effect
     if cold:  # the cold start's tests, at an early look's levels
-        sig = imbalance_test(wins[-1], alpha=a, min_effect=effect, min_inflation=floors[0])
+        sig = imbalance_test(wins[-1], alpha=look_alpha, min_effect=effect, min_inflation=floors[0])
         # a fresh fit's first look (5 steps) is too short for a rank test under autocorrelated
         # noise: there only device kinds, many ranks each, are tested against each other
         ranks = wins[-1].shape[1] >= MIN_RANK_STEPS
-        return cold_start_flagged(wins[-1], sig, labels, a, effect, floors[0], ranks)
+        return cold_start_flagged(wins[-1], sig, labels, look_alpha, effect, floors[0], ranks)
     # cheap first: the partial window must point at a rank on its own
-    sig = imbalance_test(wins[-1], alpha=a, min_effect=effect, min_inflation=floors[0])
-    points = pointing(sig, c, effect)
+    sig = imbalance_test(wins[-1], alpha=look_alpha, min_effect=effect, min_inflation=floors[0])
+    points = pointing(sig, look_consistency, effect)
     if not bool(points.any()):
         return []
     flagged = persistent_ranks(
         wins,
-        alpha=a,
+        alpha=look_alpha,
         min_effect=effect,
-        consistency=c,
+        consistency=look_consistency,
         ending_alpha=ending_alpha,
         floors=floors,
     )
@@ -256,13 +256,13 @@ def closes_early(
         if state.baseline is None or partial.n_steps < 2 or len(state.baseline) < 2:
             return False
         trial = [t for w in state.trial for t in w] + partial.step_max.tolist()
-        ni = non_inferiority(
+        verdict = non_inferiority(
             np.asarray(trial),
             np.asarray(state.baseline),
             margin=settings.margin,
             confidence=confidence,
         )
-        return ni.non_inferior or ni.lower > ni.bound
+        return verdict.non_inferior or verdict.lower > verdict.bound
     cold = state.reference is None and state.windows_seen == 0
     need = 1 if cold else settings.persistence
     # with more than one window needed, half a window first: a straggler shorter than

@@ -81,7 +81,7 @@ def rollback_floors(
     Returns:
         ``[rank, size, seconds]`` floors.
     """
-    sd = math.sqrt(float(model.rel_var[-1]))
+    noise_sd = math.sqrt(float(model.rel_var[-1]))
     level = np.asarray(state.reference or window.medians, dtype=np.float64)
     plan = np.asarray(window.plan, dtype=np.int64)
     before = np.asarray(back, dtype=np.int64)
@@ -89,7 +89,7 @@ def rollback_floors(
     moved = np.flatnonzero(plan != before)  # nothing new was measured on the others
     if not moved.size:
         return []
-    jumped = (plan > before) & (med / level > plan / np.maximum(before, 1) * (1 + 2 * sd))
+    jumped = (plan > before) & (med / level > plan / np.maximum(before, 1) * (1 + 2 * noise_sd))
     start = np.where(jumped, before + 1, plan)
     # One floor per (rank, start): a rank's kin (its device group, the same size before
     # the trial) share every start measured among them, at the largest level measured
@@ -98,14 +98,14 @@ def rollback_floors(
     kind = np.unique(np.stack([np.asarray(model.group), before]), axis=1, return_inverse=True)[1]
     kind = np.asarray(kind).reshape(-1)
     rel: dict[tuple[int, int], float] = {}
-    for r in moved.tolist():
-        key = (int(kind[r]), int(start[r]))
-        rel[key] = max(rel.get(key, -math.inf), float(med[r] / level[r]))
+    for rank in moved.tolist():
+        key = (int(kind[rank]), int(start[rank]))
+        rel[key] = max(rel.get(key, -math.inf), float(med[rank] / level[rank]))
     starts: dict[int, list[tuple[int, float]]] = {}
-    for (k, b), x in sorted(rel.items()):
-        starts.setdefault(k, []).append((b, x))
+    for (kind_id, size), ratio in sorted(rel.items()):
+        starts.setdefault(kind_id, []).append((size, ratio))
     return [
-        [q, b, float(x * level[q]) * (1 - 2 * sd)]
+        [q, b, float(x * level[q]) * (1 - 2 * noise_sd)]
         for q in range(plan.size)
         for b, x in starts.get(int(kind[q]), [])
     ]

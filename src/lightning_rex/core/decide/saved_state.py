@@ -52,12 +52,12 @@ def check_controller_state(
         global_batch = whole(d["global_batch"], f"{name}.global_batch", world_size)
 
     def plan(key: str) -> Plan | None:
-        v = optional(state_field(d, key, name), int_list, f"{name}.{key}", world_size, 1)
-        if v is not None and sum(v) != global_batch:
+        sizes = optional(state_field(d, key, name), int_list, f"{name}.{key}", world_size, 1)
+        if sizes is not None and sum(sizes) != global_batch:
             raise StateError(
-                f"{name}.{key}", f"must sum to the global batch B={global_batch}, got {sum(v)}"
+                f"{name}.{key}", f"must sum to the global batch B={global_batch}, got {sum(sizes)}"
             )
-        return None if v is None else tuple(v)
+        return None if sizes is None else tuple(sizes)
 
     state = state_field(d, "state", name)
     if state not in ("steady", "validating", "rolling_back"):
@@ -94,16 +94,23 @@ def check_controller_state(
         raise StateError(f"{name}.shape_cost_s", f"must be seconds >= 0, got {out['shape_cost_s']}")
     floors = d.get("floors", [])
     out["floors"] = matrix(floors, f"{name}.floors", None, 3) if floors else []
-    for i, (r, b, t) in enumerate(out["floors"]):
-        if int(r) != r or not 0 <= r < world_size or int(b) != b or b < 1 or t <= 0:
+    for index, (rank, size, seconds) in enumerate(out["floors"]):
+        if (
+            int(rank) != rank
+            or not 0 <= rank < world_size
+            or int(size) != size
+            or size < 1
+            or seconds <= 0
+        ):
             raise StateError(
-                f"{name}.floors[{i}]", f"must be [rank, size >= 1, seconds > 0], got {[r, b, t]}"
+                f"{name}.floors[{index}]",
+                f"must be [rank, size >= 1, seconds > 0], got {[rank, size, seconds]}",
             )
     segs = d.get("segments", [])
     if not isinstance(segs, list):
         raise StateError(f"{name}.segments", "must be a list of the window's segments")
-    for i, seg in enumerate(segs):
-        where = f"{name}.segments[{i}]"
+    for index, seg in enumerate(segs):
+        where = f"{name}.segments[{index}]"
         matrix(state_field(seg, "times", where), f"{where}.times", world_size, None, True)
         sizes = int_list(state_field(seg, "plan", where), f"{where}.plan", world_size, 1)
         if sum(sizes) != global_batch:

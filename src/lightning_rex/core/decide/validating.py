@@ -86,31 +86,33 @@ def judge(
     Returns:
         The :class:`Judgement`.
     """
-    ni = non_inferiority(
+    verdict = non_inferiority(
         np.asarray(trial), np.asarray(baseline), margin=margin, confidence=confidence
     )
     allowance = 3.0 * math.sqrt(rel_var * 2.0 * math.log(max(world_size, 2)))
     off_model = measured > predicted * (1.0 + tolerance + allowance)
-    slower = not ni.non_inferior
-    if slower and not off_model and windows < MAX_WINDOWS and ni.lower <= ni.bound:
+    slower = not verdict.non_inferior
+    if slower and not off_model and windows < MAX_WINDOWS and verdict.lower <= verdict.bound:
         # neither shown within the margin nor shown worse: measure one more window
         return Judgement(
             "extend",
-            ni.ratio,
-            ni.upper,
-            f"validation inconclusive after {windows} window (x{ni.ratio:.3f}, upper bound"
-            f" x{ni.upper:.3f}): extended",
+            verdict.ratio,
+            verdict.upper,
+            f"validation inconclusive after {windows} window (x{verdict.ratio:.3f}, upper bound"
+            f" x{verdict.upper:.3f}): extended",
         )
     if slower:
         why = (
-            f"new plan not shown within {margin:.0%} of the old (x{ni.ratio:.3f},"
-            f" upper bound x{ni.upper:.3f})"
+            f"new plan not shown within {margin:.0%} of the old (x{verdict.ratio:.3f},"
+            f" upper bound x{verdict.upper:.3f})"
         )
-        return Judgement("rollback", ni.ratio, ni.upper, why)
+        return Judgement("rollback", verdict.ratio, verdict.upper, why)
     if off_model:
         why = f"new plan slower than predicted ({measured:.4g}s vs {predicted:.4g}s)"
-        return Judgement("rollback", ni.ratio, ni.upper, why)
-    return Judgement("accept", ni.ratio, ni.upper, f"non-inferior (x{ni.ratio:.3f} vs before)")
+        return Judgement("rollback", verdict.ratio, verdict.upper, why)
+    return Judgement(
+        "accept", verdict.ratio, verdict.upper, f"non-inferior (x{verdict.ratio:.3f} vs before)"
+    )
 
 
 def measure_trial(

@@ -105,16 +105,18 @@ class PassAccumulation(TileMixture):
             return super().predict_grid(sizes, kappa, var_points)
         grid = np.rint(np.asarray(sizes, dtype=np.float64)).astype(np.int64)
         k, q, m = pass_split(grid[None, :], caps[:, None])
-        q1 = np.where(m > 0, q + 1, q)
-        need = np.unique(np.concatenate([grid, q.ravel(), q1.ravel()]))
+        q_next = np.where(m > 0, q + 1, q)
+        need = np.unique(np.concatenate([grid, q.ravel(), q_next.ravel()]))
         mean1, quant1 = super().predict_grid(need.astype(np.float64), kappa, var_points)
         rows = np.arange(self.world_size)[:, None]
-        at, at1 = np.searchsorted(need, q), np.searchsorted(need, q1)
+        index_q, index_q_next = np.searchsorted(need, q), np.searchsorted(need, q_next)
         whole = np.searchsorted(need, grid)[None, :]
-        mean = np.maximum(pass_total(k, m, mean1[rows, at], mean1[rows, at1]), mean1[rows, whole])
+        mean = np.maximum(
+            pass_total(k, m, mean1[rows, index_q], mean1[rows, index_q_next]), mean1[rows, whole]
+        )
         if kappa <= 0:
             return mean, mean.copy()
-        low = pass_total(k, m, quant1[rows, at], quant1[rows, at1])
+        low = pass_total(k, m, quant1[rows, index_q], quant1[rows, index_q_next])
         return mean, np.maximum(low, quant1[rows, whole])
 
     def predict(self, plan: tuple[int, ...]) -> np.ndarray:
@@ -133,6 +135,8 @@ class PassAccumulation(TileMixture):
         whole = super().predict(tuple(int(b) for b in plan))
         if not bool((k > 1).any()):
             return whole
-        at = super().predict(tuple(int(x) for x in q))
-        at1 = super().predict(tuple(int(x) for x in q + 1)) if bool((m > 0).any()) else at
-        return np.maximum(pass_total(k, m, at, at1), whole)
+        time_q = super().predict(tuple(int(x) for x in q))
+        time_q_next = (
+            super().predict(tuple(int(x) for x in q + 1)) if bool((m > 0).any()) else time_q
+        )
+        return np.maximum(pass_total(k, m, time_q, time_q_next), whole)

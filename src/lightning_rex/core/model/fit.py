@@ -63,7 +63,7 @@ def fit_residual_scale(
     if bool((b.max(dim=1).values == b.min(dim=1).values).all()):
         return None
     shape = torch.Size([b.shape[0]])
-    x = b.unsqueeze(-1)
+    train_x = b.unsqueeze(-1)
     mean = LinearMean(1, batch_shape=shape)
     covar = ScaleKernel(SplineKernel(basis[0], basis[1], basis[2], log_scale=True))
     # Deterministic starting point (LinearMean draws its initial weights at random): each
@@ -74,8 +74,8 @@ def fit_residual_scale(
         mean.bias.copy_(coef[:, :1])
         mean.weights.copy_(coef[:, 1:].unsqueeze(-1))
         covar.outputscale = torch.as_tensor(max(outputscale, 1e-4), dtype=_DT)
-    gp = SingleTaskGP(
-        x,
+    model = SingleTaskGP(
+        train_x,
         y.unsqueeze(-1),
         train_Yvar=v.unsqueeze(-1).clone(),
         # one residual scale shared by the subset (the sum of the ranks' marginal
@@ -85,7 +85,7 @@ def fit_residual_scale(
         mean_module=mean,
         outcome_transform=None,
     )
-    mll = ExactMarginalLogLikelihood(gp.likelihood, gp)
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         try:
@@ -99,4 +99,4 @@ def fit_residual_scale(
             )
         except Exception:  # keep the previous scale if BoTorch cannot fit
             return None
-    return float(gp.covar_module.outputscale.detach())
+    return float(model.covar_module.outputscale.detach())

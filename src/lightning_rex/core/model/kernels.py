@@ -53,17 +53,21 @@ def bspline_basis(
     inner = torch.linspace(lower, upper, n_inner, dtype=x.dtype, device=x.device)
     knots = torch.cat([inner[:1].repeat(degree), inner, inner[-1:].repeat(degree)])
     span = upper - lower
-    xc = x.clamp(lower, upper - 1e-9 * span).unsqueeze(-1)
+    x_clamped = x.clamp(lower, upper - 1e-9 * span).unsqueeze(-1)
     left, right = knots[:-1], knots[1:]
-    basis = ((xc >= left) & (xc < right)).to(x.dtype)
-    for p in range(1, degree + 1):
-        t_i, t_ip = knots[: -(p + 1)], knots[p:-1]
-        t_i1, t_ip1 = knots[1:-p], knots[p + 1 :]
-        d1 = t_ip - t_i
-        d2 = t_ip1 - t_i1
-        w1 = torch.where(d1 > 0, (xc - t_i) / torch.where(d1 > 0, d1, 1.0), 0.0)
-        w2 = torch.where(d2 > 0, (t_ip1 - xc) / torch.where(d2 > 0, d2, 1.0), 0.0)
-        basis = w1 * basis[..., :-1] + w2 * basis[..., 1:]
+    basis = ((x_clamped >= left) & (x_clamped < right)).to(x.dtype)
+    for order in range(1, degree + 1):
+        t_i, t_ip = knots[: -(order + 1)], knots[order:-1]
+        t_i1, t_ip1 = knots[1:-order], knots[order + 1 :]
+        den_left = t_ip - t_i
+        den_right = t_ip1 - t_i1
+        w_left = torch.where(
+            den_left > 0, (x_clamped - t_i) / torch.where(den_left > 0, den_left, 1.0), 0.0
+        )
+        w_right = torch.where(
+            den_right > 0, (t_ip1 - x_clamped) / torch.where(den_right > 0, den_right, 1.0), 0.0
+        )
+        basis = w_left * basis[..., :-1] + w_right * basis[..., 1:]
     return basis
 
 
@@ -127,8 +131,8 @@ class SplineKernel(gpytorch.kernels.Kernel):
             if same:
                 return feats
         if self.log_scale:
-            u = torch.log(x.clamp_min(self.lower))
-            phi = bspline_basis(u, self.num_basis, math.log(self.lower), math.log(self.upper))
+            log_x = torch.log(x.clamp_min(self.lower))
+            phi = bspline_basis(log_x, self.num_basis, math.log(self.lower), math.log(self.upper))
         else:
             phi = bspline_basis(x, self.num_basis, self.lower, self.upper)
         out = phi / phi.norm(dim=-1, keepdim=True)
@@ -158,8 +162,8 @@ class SplineKernel(gpytorch.kernels.Kernel):
         """
         if last_dim_is_batch:
             raise NotImplementedError("SplineKernel does not support last_dim_is_batch")
-        f1 = self.features(x1)
-        f2 = self.features(x2)
+        phi1 = self.features(x1)
+        phi2 = self.features(x2)
         if diag:
-            return (f1 * f2).sum(-1)
-        return f1 @ f2.transpose(-1, -2)
+            return (phi1 * phi2).sum(-1)
+        return phi1 @ phi2.transpose(-1, -2)

@@ -93,10 +93,10 @@ class TileMixture:
         """
         self._posterior()
         used = sorted(self._tile_posts)
-        w = self.tile_weights[:, [HYPOTHESES.index(t) for t in used]]
-        w = w / w.sum(axis=1, keepdims=True)
+        weights = self.tile_weights[:, [HYPOTHESES.index(t) for t in used]]
+        weights = weights / weights.sum(axis=1, keepdims=True)
         return [
-            (self._as_model(*self._tile_posts[t], self._tiled(t)), w[:, i])
+            (self._as_model(*self._tile_posts[t], self._tiled(t)), weights[:, i])
             for i, t in enumerate(used)
         ]
 
@@ -123,25 +123,27 @@ class TileMixture:
         grid = np.asarray(sizes, dtype=np.float64)
         mean = np.zeros((self.world_size, grid.size))
         quantile = np.zeros_like(mean) if kappa > 0 else mean  # kappa 0: the mean itself
-        for model, w, rows in self._mixture_rows():
-            m, q = grid_quantile(model, grid, kappa, var_points)
+        for model, weights, rows in self._mixture_rows():
+            hyp_mean, hyp_quantile = grid_quantile(model, grid, kappa, var_points)
             every = bool(rows.all())  # no row selection to copy through
-            for out, x in ((mean, m), (quantile, q)) if kappa > 0 else ((mean, m),):
+            for out, values in (
+                ((mean, hyp_mean), (quantile, hyp_quantile)) if kappa > 0 else ((mean, hyp_mean),)
+            ):
                 if every:
-                    out += w[:, None] * x
+                    out += weights[:, None] * values
                 else:
-                    out[rows] += w[:, None] * x
+                    out[rows] += weights[:, None] * values
         return mean, (quantile if kappa > 0 else mean.copy())
 
     def predict(self, plan: tuple[int, ...]) -> np.ndarray:
         """Posterior mean time of every rank at its size in ``plan``, seconds, shape (N,)."""
         import torch
 
-        x = np.asarray(plan, dtype=np.float64)
+        plan_sizes = np.asarray(plan, dtype=np.float64)
         out = np.zeros(self.world_size)
-        for model, w, rows in self._mixture_rows():
-            at = torch.as_tensor(x[rows]).reshape(-1, 1, 1)
-            out[rows] += w * model.mean(at).reshape(-1).numpy()
+        for model, weights, rows in self._mixture_rows():
+            points = torch.as_tensor(plan_sizes[rows]).reshape(-1, 1, 1)
+            out[rows] += weights * model.mean(points).reshape(-1).numpy()
         return out
 
     def _mixture_rows(self) -> list[tuple[SplineAffineModel, np.ndarray, np.ndarray]]:
@@ -158,11 +160,13 @@ class TileMixture:
         if cached is not None and cached[0] is post:  # the models of this posterior, built
             return list(cached[1])
         out = []
-        for t in sorted(self._tile_posts):
-            w = self.tile_weights[:, HYPOTHESES.index(t)]
-            rows = w > 0
-            mu, cov = (x[torch.as_tensor(rows)] for x in self._tile_posts[t])
-            out.append((self._as_model(mu, cov, self._tiled(t), rows), w[rows], rows))
+        for hypothesis in sorted(self._tile_posts):
+            weights = self.tile_weights[:, HYPOTHESES.index(hypothesis)]
+            rows = weights > 0
+            mean, cov = (x[torch.as_tensor(rows)] for x in self._tile_posts[hypothesis])
+            out.append(
+                (self._as_model(mean, cov, self._tiled(hypothesis), rows), weights[rows], rows)
+            )
         # every change to the data, the groups or the hyperparameters makes a new posterior
         self._rows_cache = (post, out)
         return list(out)

@@ -38,8 +38,8 @@ def solve(
     import torch
 
     chol = torch.linalg.cholesky(prior_prec + gram)
-    mu = torch.cholesky_solve((prior_rhs + data).unsqueeze(-1), chol).squeeze(-1)
-    return mu, torch.cholesky_inverse(chol)
+    mean = torch.cholesky_solve((prior_rhs + data).unsqueeze(-1), chol).squeeze(-1)
+    return mean, torch.cholesky_inverse(chol)
 
 
 def pooled_posterior(
@@ -76,65 +76,65 @@ def pooled_posterior(
     import torch
 
     prior_rhs = m0 / p0
-    g = torch.as_tensor(group)
-    _, slot = torch.unique(g, return_inverse=True)  # each rank's group, numbered 0..G-1
+    group_ids = torch.as_tensor(group)
+    _, slot = torch.unique(group_ids, return_inverse=True)  # each rank's group, numbered 0..G-1
     size = torch.bincount(slot)
     pooled = size[slot] >= min_group
-    n, d = m0.shape
-    mu = torch.empty_like(m0)
-    cov = torch.empty(n, d, d, dtype=m0.dtype)
+    num_ranks, dim = m0.shape
+    post_mean = torch.empty_like(m0)
+    cov = torch.empty(num_ranks, dim, dim, dtype=m0.dtype)
     alone = torch.nonzero(~pooled).view(-1)
     if alone.numel():
         f_a, p_a = phi[alone], prec[alone].unsqueeze(-1)
         gram = f_a.transpose(-1, -2) @ (p_a * f_a)  # (A, D, D)
         data = (f_a * p_a * y[alone].unsqueeze(-1)).sum(-2)  # (A, D)
-        mu[alone], cov[alone] = solve(
+        post_mean[alone], cov[alone] = solve(
             torch.diag_embed(1.0 / p0[alone]), prior_rhs[alone], gram, data
         )
     if not bool(pooled.any()):
-        return mu, cov
+        return post_mean, cov
     # One solve per group: its members share its data, and their priors are the group's (a
     # pooled group has one unit), so thousands of ranks of a few device kinds cost a few
     # solves; a member whose prior differs from its group leader's solves on its own. A
     # group's sums are one product over all its members' windows.
-    ix = torch.nonzero(pooled).view(-1)
-    at = slot[ix]
-    by_group = ix[torch.argsort(at, stable=True)]
-    sum_gram = torch.zeros(len(size), d, d, dtype=m0.dtype)
-    sum_data = torch.zeros(len(size), d, dtype=m0.dtype)
-    for k, members in enumerate(
-        torch.split(by_group, torch.bincount(at, minlength=len(size)).tolist())
+    pooled_ranks = torch.nonzero(pooled).view(-1)
+    pooled_slot = slot[pooled_ranks]
+    by_group = pooled_ranks[torch.argsort(pooled_slot, stable=True)]
+    sum_gram = torch.zeros(len(size), dim, dim, dtype=m0.dtype)
+    sum_data = torch.zeros(len(size), dim, dtype=m0.dtype)
+    for group_slot, members in enumerate(
+        torch.split(by_group, torch.bincount(pooled_slot, minlength=len(size)).tolist())
     ):
         if members.numel():  # (groups too small to pool have no members here)
-            f_g = phi[members].reshape(-1, d)
+            f_g = phi[members].reshape(-1, dim)
             p_g = prec[members].reshape(-1, 1)
-            sum_gram[k] = f_g.T @ (p_g * f_g)
-            sum_data[k] = f_g.T @ (p_g.view(-1) * y[members].reshape(-1))
-    same = (m0 == m0[g]).all(-1) & (p0 == p0[g]).all(-1)
-    own = torch.nonzero(pooled & ((g == torch.arange(len(g))) | ~same)).view(-1)
+            sum_gram[group_slot] = f_g.T @ (p_g * f_g)
+            sum_data[group_slot] = f_g.T @ (p_g.view(-1) * y[members].reshape(-1))
+    same = (m0 == m0[group_ids]).all(-1) & (p0 == p0[group_ids]).all(-1)
+    own = torch.nonzero(pooled & ((group_ids == torch.arange(len(group_ids))) | ~same)).view(-1)
     mu_own, cov_own = solve(
         torch.diag_embed(1.0 / p0[own]), prior_rhs[own], sum_gram[slot[own]], sum_data[slot[own]]
     )
-    src = torch.full((len(g),), -1, dtype=torch.long)  # which solve each pooled rank reads
+    src = torch.full((len(group_ids),), -1, dtype=torch.long)  # which solve each pooled rank reads
     src[own] = torch.arange(len(own))
     follow = pooled & same
-    src[follow] = src[g[follow]]
-    mu_g = mu_own[src[ix]]
-    fit = (phi[ix] * mu_g.unsqueeze(-2)).sum(-1).clamp_min(1e-12)  # (P, W) group curve
-    yp, pp = y[ix], prec[ix]
-    lr = torch.log(yp.clamp_min(1e-12) / fit)
-    w = pp * yp * yp  # the precision of log y (relative noise)
-    se2 = 1.0 / w.sum(-1)
-    level = (w * lr).sum(-1) * se2  # (P,)
-    count = size[at].to(level.dtype)
+    src[follow] = src[group_ids[follow]]
+    mu_g = mu_own[src[pooled_ranks]]
+    fit = (phi[pooled_ranks] * mu_g.unsqueeze(-2)).sum(-1).clamp_min(1e-12)  # (P, W) group curve
+    pooled_y, pooled_prec = y[pooled_ranks], prec[pooled_ranks]
+    log_ratio = torch.log(pooled_y.clamp_min(1e-12) / fit)
+    log_prec = pooled_prec * pooled_y * pooled_y  # the precision of log y (relative noise)
+    se2 = 1.0 / log_prec.sum(-1)
+    level = (log_prec * log_ratio).sum(-1) * se2  # (P,)
+    count = size[pooled_slot].to(level.dtype)
 
     def group_sum(x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(len(size), dtype=x.dtype).index_add_(0, at, x)[at]
+        return torch.zeros(len(size), dtype=x.dtype).index_add_(0, pooled_slot, x)[pooled_slot]
 
     mean = group_sum(level) / count
     var = group_sum((level - mean) ** 2) / (count - 1)
     tau2 = (var - group_sum(se2) / count).clamp_min(0.0)
-    f = torch.exp(mean + (level - mean) * tau2 / (tau2 + se2))
-    mu[ix] = mu_g * f.unsqueeze(-1)
-    cov[ix] = cov_own[src[ix]].mul_((f * f).view(-1, 1, 1))
-    return mu, cov
+    factor = torch.exp(mean + (level - mean) * tau2 / (tau2 + se2))
+    post_mean[pooled_ranks] = mu_g * factor.unsqueeze(-1)
+    cov[pooled_ranks] = cov_own[src[pooled_ranks]].mul_((factor * factor).view(-1, 1, 1))
+    return post_mean, cov

@@ -95,11 +95,11 @@ class SplineAffineModel(Model):
 
     def _features_and_mean(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The features at ``X`` (``(G, D)`` or ``(N, G, D)``) and the mean, ``(N, G)``."""
-        f = self.features(X.squeeze(-1).to(self.weights_mean.dtype))
-        s = self.scale.unsqueeze(-1)  # (N, 1)
-        if f.dim() == 2:  # the units folded into the weights: one (N, G) product, no copy
-            return f, (self.weights_mean * s) @ f.T
-        return f, (f * self.weights_mean.unsqueeze(-2)).sum(-1) * s
+        features = self.features(X.squeeze(-1).to(self.weights_mean.dtype))
+        unit = self.scale.unsqueeze(-1)  # (N, 1)
+        if features.dim() == 2:  # the units folded into the weights: one (N, G) product, no copy
+            return features, (self.weights_mean * unit) @ features.T
+        return features, (features * self.weights_mean.unsqueeze(-2)).sum(-1) * unit
 
     def posterior(
         self,
@@ -129,19 +129,21 @@ class SplineAffineModel(Model):
             raise NotImplementedError("SplineAffineModel predicts noiseless medians only")
         if output_indices not in (None, [0]):
             raise NotImplementedError("SplineAffineModel has one output")
-        n = self.weights_mean.shape[0]
-        f, mean = self._features_and_mean(X)
-        s = self.scale.unsqueeze(-1)  # (N, 1)
-        if f.dim() == 2:
-            f = f.expand(n, *f.shape)
-        g = f.shape[-2]
-        scaled_root = self.weights_root * s.unsqueeze(-1)
-        if g <= _DENSE_ROOT_SIZES:
+        num_ranks = self.weights_mean.shape[0]
+        features, mean = self._features_and_mean(X)
+        unit = self.scale.unsqueeze(-1)  # (N, 1)
+        if features.dim() == 2:
+            features = features.expand(num_ranks, *features.shape)
+        num_sizes = features.shape[-2]
+        scaled_root = self.weights_root * unit.unsqueeze(-1)
+        if num_sizes <= _DENSE_ROOT_SIZES:
             # the root F L at once: GPyTorch's variance of a lazy product costs 50x more
-            root: Any = DenseLinearOperator(f @ scaled_root)
+            root: Any = DenseLinearOperator(features @ scaled_root)
         else:  # a long grid (a mean over every size): the product stays lazy
-            root = MatmulLinearOperator(DenseLinearOperator(f), DenseLinearOperator(scaled_root))
-        eye = torch.full((n, g), self.jitter, dtype=mean.dtype)
+            root = MatmulLinearOperator(
+                DenseLinearOperator(features), DenseLinearOperator(scaled_root)
+            )
+        eye = torch.full((num_ranks, num_sizes), self.jitter, dtype=mean.dtype)
         covar = LowRankRootAddedDiagLinearOperator(
             LowRankRootLinearOperator(root), DiagLinearOperator(eye)
         )
@@ -166,9 +168,9 @@ class SplineAffineModel(Model):
         f, mean = self._features_and_mean(X)
         if f.dim() == 2:  # one product for every rank: f_g^T S_n f_g as (f f^T)_g . S_n
             cov = self._weights_cov()
-            n, d = cov.shape[0], cov.shape[-1]
-            outer = (f.unsqueeze(-1) * f.unsqueeze(-2)).reshape(f.shape[0], d * d)
-            var = (cov.reshape(n, d * d) @ outer.T).clamp_min(0.0)
+            num_ranks, dim = cov.shape[0], cov.shape[-1]
+            outer = (f.unsqueeze(-1) * f.unsqueeze(-2)).reshape(f.shape[0], dim * dim)
+            var = (cov.reshape(num_ranks, dim * dim) @ outer.T).clamp_min(0.0)
         else:
             root = f @ self.weights_root
             var = (root * root).sum(-1)
@@ -201,8 +203,8 @@ def optimistic_quantile(posterior: GPyTorchPosterior, kappa: float) -> torch.Ten
     """
     if kappa <= 0:
         return posterior.mean.squeeze(-1) if posterior.mean.dim() > 2 else posterior.mean
-    q = torch.tensor(float(stats.norm.cdf(-kappa)), dtype=posterior.mean.dtype)
-    out = posterior.quantile(q)
+    level = torch.tensor(float(stats.norm.cdf(-kappa)), dtype=posterior.mean.dtype)
+    out = posterior.quantile(level)
     return out.squeeze(-1) if out.dim() > 2 else out
 
 
@@ -230,24 +232,26 @@ def grid_quantile(
         mean = first.mean.squeeze(-1).numpy()
     if kappa <= 0:
         return mean, mean.copy()
-    g = grid.numel()
-    idx = np.unique(np.linspace(0, g - 1, min(g, var_points)).round().astype(np.int64))
-    at = grid[idx].unsqueeze(-1)
+    num_sizes = grid.numel()
+    idx = np.unique(
+        np.linspace(0, num_sizes - 1, min(num_sizes, var_points)).round().astype(np.int64)
+    )
+    var_sizes = grid[idx].unsqueeze(-1)
     # a quantile reads each size's marginal: the spline model gives it without its low-rank
     # covariance (the same variances, several times faster at thousands of ranks)
     post: Posterior
     if isinstance(model, SplineAffineModel):
-        post = model.marginal_posterior(at)
+        post = model.marginal_posterior(var_sizes)
     else:
-        post = model.posterior(at)
+        post = model.posterior(var_sizes)
     assert isinstance(post, GPyTorchPosterior)
     gap_c = (post.mean.squeeze(-1) - optimistic_quantile(post, kappa)).numpy()
-    if len(idx) < g:  # linear interpolation between the computed points, all ranks at once
-        pos = np.arange(g)
-        hi = np.clip(np.searchsorted(idx, pos), 1, len(idx) - 1)
-        lo = hi - 1
-        w = (pos - idx[lo]) / (idx[hi] - idx[lo])
-        gap = gap_c[:, lo] * (1.0 - w) + gap_c[:, hi] * w
+    if len(idx) < num_sizes:  # linear interpolation between the computed points, all ranks at once
+        pos = np.arange(num_sizes)
+        upper = np.clip(np.searchsorted(idx, pos), 1, len(idx) - 1)
+        lower = upper - 1
+        weight = (pos - idx[lower]) / (idx[upper] - idx[lower])
+        gap = gap_c[:, lower] * (1.0 - weight) + gap_c[:, upper] * weight
     else:
         gap = gap_c
     return mean, mean - gap

@@ -124,18 +124,22 @@ class SavedModelState:
             StateError: Naming the field, when the state does not fit (see
                 :meth:`check_state`).
         """
-        c = self.check_state(d, self.world_size)
-        self.outputscale = c["outputscale"]
-        self.n_fits = c["n_fits"]
-        self.scale = None if c["scale"] is None else np.asarray(c["scale"], dtype=np.float64)
-        self.first_u = None if c["first_u"] is None else np.asarray(c["first_u"], dtype=np.float64)
-        self.sizes = c["sizes"]
-        self.medians = c["medians"]
-        self.rel_var = c["rel_var"]
-        self.n_added = c["n_added"]
-        self.cutoff = np.asarray(c["cutoff"], dtype=np.int64)
-        self.group = np.asarray(c["group"], dtype=np.int64)
-        caps = c["pass_caps"]
+        state = self.check_state(d, self.world_size)
+        self.outputscale = state["outputscale"]
+        self.n_fits = state["n_fits"]
+        self.scale = (
+            None if state["scale"] is None else np.asarray(state["scale"], dtype=np.float64)
+        )
+        self.first_u = (
+            None if state["first_u"] is None else np.asarray(state["first_u"], dtype=np.float64)
+        )
+        self.sizes = state["sizes"]
+        self.medians = state["medians"]
+        self.rel_var = state["rel_var"]
+        self.n_added = state["n_added"]
+        self.cutoff = np.asarray(state["cutoff"], dtype=np.int64)
+        self.group = np.asarray(state["group"], dtype=np.int64)
+        caps = state["pass_caps"]
         self.pass_caps = None if caps is None or not any(caps) else np.asarray(caps, dtype=np.int64)
-        self.window_caps = c["window_caps"]
+        self.window_caps = state["window_caps"]
         self._post, self._weights_fresh = None, False

@@ -93,10 +93,10 @@ def pad(b: torch.Tensor, tile: int | torch.Tensor | None, b_ref: float) -> torch
 
     if tile is None:
         return torch.zeros_like(b)
-    t = torch.as_tensor(tile, dtype=b.dtype)
-    if t.dim() == 1:
-        t = t.view(-1, *([1] * (b.dim() - 1)))
-    return (torch.ceil(b / t) * t - b) / b_ref
+    tile_size = torch.as_tensor(tile, dtype=b.dtype)
+    if tile_size.dim() == 1:
+        tile_size = tile_size.view(-1, *([1] * (b.dim() - 1)))
+    return (torch.ceil(b / tile_size) * tile_size - b) / b_ref
 
 
 def pads(b: torch.Tensor, hypothesis: Any, b_ref: float) -> torch.Tensor:
@@ -115,8 +115,8 @@ def pads(b: torch.Tensor, hypothesis: Any, b_ref: float) -> torch.Tensor:
 
     if hypothesis is None:
         return torch.zeros(*b.shape, 2, dtype=b.dtype)
-    h = np.asarray(hypothesis, dtype=np.float64)
-    tile, wave = (torch.as_tensor(h[..., i]) for i in (0, 1))
+    pair_array = np.asarray(hypothesis, dtype=np.float64)
+    tile, wave = (torch.as_tensor(pair_array[..., i]) for i in (0, 1))
     return torch.stack([pad(b, tile, b_ref), pad(b, wave, b_ref)], dim=-1)
 
 
@@ -167,8 +167,10 @@ def log_evidence(
     gram = phi.transpose(-1, -2) @ (prec.unsqueeze(-1) * phi)
     rhs = m0 * prior_prec + (phi * (prec * y).unsqueeze(-1)).sum(-2)
     chol = torch.linalg.cholesky(torch.diag_embed(prior_prec) + gram)
-    mu = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
-    fit = -0.5 * ((prec * y * y).sum(-1) + (m0 * m0 * prior_prec).sum(-1) - (mu * rhs).sum(-1))
+    post_mean = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
+    fit = -0.5 * (
+        (prec * y * y).sum(-1) + (m0 * m0 * prior_prec).sum(-1) - (post_mean * rhs).sum(-1)
+    )
     logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
     return fit - 0.5 * (logdet + torch.log(p0).sum(-1))
 
@@ -179,13 +181,13 @@ def _distinct_sizes(
     """Distinct sizes among each rank's windows that still count (its group's, when pooled)."""
     live = (prec > 1e-6 * prec.max(dim=-1, keepdim=True).values).numpy()
     sizes = b.round().long().numpy()
-    n = len(group)
+    num_ranks = len(group)
     # one owner per pooled group and per unpooled rank; a size counts once per owner
-    owner = np.where(pooled, group, n + np.arange(n)).astype(np.int64)
+    owner = np.where(pooled, group, num_ranks + np.arange(num_ranks)).astype(np.int64)
     keep = live & (sizes != 0)
     top = int(sizes.max(initial=0)) + 1
     pairs = np.unique(np.broadcast_to(owner[:, None], sizes.shape)[keep] * top + sizes[keep])
-    return np.bincount(pairs // top, minlength=2 * n)[owner]
+    return np.bincount(pairs // top, minlength=2 * num_ranks)[owner]
 
 
 def hypothesis_weights(
@@ -217,21 +219,23 @@ def hypothesis_weights(
     """
     import torch
 
-    n = len(group)
-    counts = np.bincount(group, minlength=n)
+    num_ranks = len(group)
+    counts = np.bincount(group, minlength=num_ranks)
     pooled = counts[group] >= POOL
     # one data set per unpooled rank, and one per pooled group: the windows of a few of its
     # members side by side (a kind's sizes together show its staircase, where each member's
     # few sizes fit a smooth curve as well)
     sets: dict[int, list[int]] = {}
-    for r, g in enumerate(group.tolist()):
-        key = int(g) if pooled[r] else -1 - r
+    for rank, group_id in enumerate(group.tolist()):
+        key = int(group_id) if pooled[rank] else -1 - rank
         members = sets.setdefault(key, [])
         if len(members) < EVIDENCE_MEMBERS:
-            members.append(r)
+            members.append(rank)
     keys = list(sets)
-    at = {k: i for i, k in enumerate(keys)}
-    row_of = np.array([at[int(g) if pooled[r] else -1 - r] for r, g in enumerate(group.tolist())])
+    row_of_key = {k: i for i, k in enumerate(keys)}
+    row_of = np.array(
+        [row_of_key[int(g) if pooled[r] else -1 - r] for r, g in enumerate(group.tolist())]
+    )
     n_win = b.shape[1]
     length = n_win * max(len(m) for m in sets.values())
     shape = (len(keys), length)
@@ -239,35 +243,41 @@ def hypothesis_weights(
     b_s = torch.ones(shape, dtype=b.dtype)
     y_s = torch.zeros(shape, dtype=y.dtype)
     prec_s = torch.zeros(shape, dtype=prec.dtype)  # padding: no data
-    for i, k in enumerate(keys):
-        ix = torch.as_tensor(sets[k])
-        m = len(sets[k]) * n_win
-        phi_s[i, :m], b_s[i, :m] = phi[ix].reshape(m, -1), b[ix].reshape(m)
-        y_s[i, :m], prec_s[i, :m] = y[ix].reshape(m), prec[ix].reshape(m)
+    for row, set_key in enumerate(keys):
+        member_ranks = torch.as_tensor(sets[set_key])
+        n_stacked = len(sets[set_key]) * n_win
+        phi_s[row, :n_stacked], b_s[row, :n_stacked] = (
+            phi[member_ranks].reshape(n_stacked, -1),
+            b[member_ranks].reshape(n_stacked),
+        )
+        y_s[row, :n_stacked], prec_s[row, :n_stacked] = (
+            y[member_ranks].reshape(n_stacked),
+            prec[member_ranks].reshape(n_stacked),
+        )
     first = torch.as_tensor([sets[k][0] for k in keys])
     m0_s, p0_s = m0[first], p0[first]
     loglik = []
-    for h in HYPOTHESES:
-        f = phi_s.clone()
-        f[..., PADS] = pads(b_s, h, b_ref)
+    for hypothesis in HYPOTHESES:
+        features = phi_s.clone()
+        features[..., PADS] = pads(b_s, hypothesis, b_ref)
         best = None
-        for s2 in SCALES:
-            p = p0_s.clone()
-            p[:, PADS.stop :] = s2
-            ev = log_evidence(f, y_s, prec_s, pad_prior(m0_s, h), p)
-            best = ev if best is None else torch.maximum(best, ev)
+        for resid_var in SCALES:
+            prior_var = p0_s.clone()
+            prior_var[:, PADS.stop :] = resid_var
+            evidence = log_evidence(features, y_s, prec_s, pad_prior(m0_s, hypothesis), prior_var)
+            best = evidence if best is None else torch.maximum(best, evidence)
         assert best is not None
         loglik.append(best)
-    ll = torch.stack(loglik, dim=-1).numpy()[row_of]  # (N, H)
+    rank_loglik = torch.stack(loglik, dim=-1).numpy()[row_of]  # (N, H)
     # a tile needs the windows that still count at three sizes or more, a wave at four
     distinct = _distinct_sizes(b, prec, group, pooled)
     need = np.array([1 if h == (1, 1) else 3 if h[1] == 1 else 4 for h in HYPOTHESES])
-    score = np.where(distinct[:, None] >= need[None, :], ll + LOG_PRIOR, -math.inf)
+    score = np.where(distinct[:, None] >= need[None, :], rank_loglik + LOG_PRIOR, -math.inf)
     score -= score.max(axis=1, keepdims=True)
-    w = np.exp(score)
-    w /= w.sum(axis=1, keepdims=True)
+    weights = np.exp(score)
+    weights /= weights.sum(axis=1, keepdims=True)
     # each rank's mixture: its few most probable hypotheses (every prediction reads each
     # hypothesis in use, so the mixture's size is the planner's cost)
-    kth = -np.sort(-w, axis=1)[:, MAX_MIXTURE - 1 : MAX_MIXTURE]
-    w = np.where((w >= kth) & (w >= MIN_WEIGHT), w, 0.0)
-    return np.asarray(w / w.sum(axis=1, keepdims=True))
+    kth = -np.sort(-weights, axis=1)[:, MAX_MIXTURE - 1 : MAX_MIXTURE]
+    weights = np.where((weights >= kth) & (weights >= MIN_WEIGHT), weights, 0.0)
+    return np.asarray(weights / weights.sum(axis=1, keepdims=True))

@@ -183,14 +183,16 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         if self.scale is None:
             # a group's ranks share one unit (their median's), so their relative times are
             # one curve; a lone rank's unit is its own first median (of one pass)
-            b, t = self._single_passes(np.asarray(plan, dtype=np.float64), med, [caps])
-            self.scale = t.copy()
-            self.first_u = b / self.b_ref
-            for g in np.unique(self.group):
-                members = self.group == g
+            pass_sizes, pass_times = self._single_passes(
+                np.asarray(plan, dtype=np.float64), med, [caps]
+            )
+            self.scale = pass_times.copy()
+            self.first_u = pass_sizes / self.b_ref
+            for group_id in np.unique(self.group):
+                members = self.group == group_id
                 if members.sum() < _MIN_GROUP:
                     continue  # not pooled (see _posterior): each member keeps its own unit
-                self.scale[members] = np.median(t[members])
+                self.scale[members] = np.median(pass_times[members])
                 self.first_u[members] = np.mean(self.first_u[members])
         self.sizes.append([int(b) for b in plan])
         self.medians.append([float(m) for m in med])
@@ -216,8 +218,8 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         # a group led by it (group ids are a member's index) is led by its next member
         gone = np.zeros(self.world_size, dtype=bool)
         gone[list(ranks)] = True
-        for r in ranks:
-            rest = np.flatnonzero((self.group == r) & ~gone)
+        for rank in ranks:
+            rest = np.flatnonzero((self.group == rank) & ~gone)
             if rest.size:
                 self.group[rest] = rest.min()
         self.group[list(ranks)] = list(ranks)
@@ -241,15 +243,15 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         import torch
 
         assert self.first_u is not None
-        n, m = self.world_size, self.kernel.num_basis
-        c0 = torch.as_tensor(1.0 / self.first_u, dtype=torch.float64)
-        mean = torch.zeros(n, PADS.stop + m, dtype=torch.float64)
-        mean[:, 1] = c0
-        var = torch.empty(n, PADS.stop + m, dtype=torch.float64)
+        num_ranks, num_basis = self.world_size, self.kernel.num_basis
+        slope_mean = torch.as_tensor(1.0 / self.first_u, dtype=torch.float64)
+        mean = torch.zeros(num_ranks, PADS.stop + num_basis, dtype=torch.float64)
+        mean[:, 1] = slope_mean
+        var = torch.empty(num_ranks, PADS.stop + num_basis, dtype=torch.float64)
         var[:, 0] = self.overhead_prior_sd**2
-        var[:, 1] = (self.slope_prior_sd * c0) ** 2
+        var[:, 1] = (self.slope_prior_sd * slope_mean) ** 2
         # the paddings' costs: about the slope when a tile (a wave) is real
-        var[:, PADS] = (c0**2).unsqueeze(-1)
+        var[:, PADS] = (slope_mean**2).unsqueeze(-1)
         var[:, PADS.stop :] = self.outputscale
         return mean, var
 
@@ -266,20 +268,20 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         sizes, medians = self._single_passes(
             np.asarray(self.sizes, dtype=np.float64).T, np.asarray(self.medians).T, self.window_caps
         )
-        b = torch.as_tensor(sizes)  # (N, W)
-        y = torch.as_tensor(medians / self.scale[:, None])  # (N, W)
-        w = len(self.sizes)
-        age = torch.arange(w - 1, -1, -1, dtype=torch.float64)
+        batch_sizes = torch.as_tensor(sizes)  # (N, W)
+        rel_times = torch.as_tensor(medians / self.scale[:, None])  # (N, W)
+        n_windows = len(self.sizes)
+        age = torch.arange(n_windows - 1, -1, -1, dtype=torch.float64)
         # the noise is relative to each median (a window at half the first size's time has
         # half its noise in these units)
-        v = torch.as_tensor(self.rel_var, dtype=torch.float64)
+        noise_var = torch.as_tensor(self.rel_var, dtype=torch.float64)
         if decay:
-            v = v * torch.exp(age / self.memory)
-        v = v * y.clamp_min(1e-6) ** 2
-        index = torch.as_tensor(self.n_added - w + np.arange(w))
+            noise_var = noise_var * torch.exp(age / self.memory)
+        noise_var = noise_var * rel_times.clamp_min(1e-6) ** 2
+        index = torch.as_tensor(self.n_added - n_windows + np.arange(n_windows))
         old = index[None, :] < torch.as_tensor(self.cutoff)[:, None]
-        v = v * torch.where(old, 1e8, 1.0)
-        return b, y, v
+        noise_var = noise_var * torch.where(old, 1e8, 1.0)
+        return batch_sizes, rel_times, noise_var
 
     def _posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
@@ -287,30 +289,36 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         if self._post is None:
             if self.scale is None:
                 raise RuntimeError("the model has no observations yet")
-            b, y, v = self._data()
-            m0, p0 = self._prior()
-            prec = 1.0 / v
-            phi = self._features(b)
+            batch_sizes, rel_times, noise_var = self._data()
+            prior_mean, prior_var = self._prior()
+            prec = 1.0 / noise_var
+            phi = self._features(batch_sizes)
             # A tile belongs to the kernels, not to the rank's current speed: its evidence
             # keeps every window since the rank's last change point at full weight. Each
             # hypothesis's evidence is maximised over residual scales, so the weights
             # outlive a refit of the scale.
             if not self._weights_fresh:
                 kept = 1.0 / self._data(decay=False)[2]
-                self._weights = hypothesis_weights(phi, b, y, kept, m0, p0, self.group, self.b_ref)
+                self._weights = hypothesis_weights(
+                    phi, batch_sizes, rel_times, kept, prior_mean, prior_var, self.group, self.b_ref
+                )
                 self._weights_fresh = True
             best = self._weights.argmax(axis=1)
             used = set(np.flatnonzero((self._weights > 0).any(axis=0)).tolist())
             self._tile_posts = {
-                HYPOTHESES[i]: self._solve_tile(HYPOTHESES[i], phi, b, y, prec, m0, p0)
+                HYPOTHESES[i]: self._solve_tile(
+                    HYPOTHESES[i], phi, batch_sizes, rel_times, prec, prior_mean, prior_var
+                )
                 for i in sorted(used)
             }
             # the posterior under each rank's most probable hypothesis
-            mu, cov = (x.clone() for x in self._tile_posts[HYPOTHESES[int(best[0])]])
-            for i in set(best.tolist()):
-                rows = torch.as_tensor(best == i)
-                mu[rows], cov[rows] = (x[rows] for x in self._tile_posts[HYPOTHESES[i]])
-            self._post = (mu, cov)
+            post_mean, cov = (x.clone() for x in self._tile_posts[HYPOTHESES[int(best[0])]])
+            for hyp_index in set(best.tolist()):
+                rows = torch.as_tensor(best == hyp_index)
+                post_mean[rows], cov[rows] = (
+                    x[rows] for x in self._tile_posts[HYPOTHESES[hyp_index]]
+                )
+            self._post = (post_mean, cov)
         return self._post
 
     def _solve_tile(
@@ -324,9 +332,11 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         p0: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every rank's weight posterior ``(mean, cov)`` under one ``(tile, wave)``."""
-        f = phi.clone()  # (N, W, D), the paddings' columns filled in
-        f[..., PADS] = pads(b, hypothesis, self.b_ref)
-        return pooled_posterior(f, y, prec, pad_prior(m0, hypothesis), p0, self.group, _MIN_GROUP)
+        features = phi.clone()  # (N, W, D), the paddings' columns filled in
+        features[..., PADS] = pads(b, hypothesis, self.b_ref)
+        return pooled_posterior(
+            features, y, prec, pad_prior(m0, hypothesis), p0, self.group, _MIN_GROUP
+        )
 
     # ------------------------------------------------------------- predict
     def posterior_model(self) -> SplineAffineModel:
@@ -364,19 +374,19 @@ class RankTimeModel(PassAccumulation, SavedModelState):
 
         from lightning_rex.core.model.posterior import SplineAffineModel
 
-        ix = np.arange(self.world_size) if rows is None else np.flatnonzero(rows)
-        scale = torch.as_tensor(np.asarray(self.scale)[ix], dtype=torch.float64)
+        rank_index = np.arange(self.world_size) if rows is None else np.flatnonzero(rows)
+        scale = torch.as_tensor(np.asarray(self.scale)[rank_index], dtype=torch.float64)
         root = torch.linalg.cholesky(cov)
         bad = mu[:, 1] <= 0
         if bool(bad.any()):
             mu, root = mu.clone(), root.clone()
-            b, t = self._single_passes(
+            pass_sizes, pass_times = self._single_passes(
                 np.asarray(self.sizes[-1], dtype=np.float64),
                 np.asarray(self.medians[-1]),
                 self.window_caps[-1:],
             )
-            last_b = torch.as_tensor(b[ix], dtype=torch.float64)[bad]
-            last_y = torch.as_tensor(t[ix], dtype=torch.float64)[bad]
+            last_b = torch.as_tensor(pass_sizes[rank_index], dtype=torch.float64)[bad]
+            last_y = torch.as_tensor(pass_times[rank_index], dtype=torch.float64)[bad]
             mu[bad] = 0.0
             mu[bad, 1] = last_y / scale[bad] * self.b_ref / last_b
             root[bad] = 0.0
@@ -391,11 +401,11 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         """
         if self.scale is None:
             return {"overhead_s": [], "rate": []}
-        mu, _ = self._posterior()
-        a = mu[:, 0].numpy() * self.scale
-        slope = mu[:, 1].numpy() * self.scale / self.b_ref
+        post_mean, _ = self._posterior()
+        overhead = post_mean[:, 0].numpy() * self.scale
+        slope = post_mean[:, 1].numpy() * self.scale / self.b_ref
         rate = np.where(slope > 0, 1.0 / np.maximum(slope, 1e-300), math.inf)
-        return {"overhead_s": [float(x) for x in a], "rate": [float(x) for x in rate]}
+        return {"overhead_s": [float(x) for x in overhead], "rate": [float(x) for x in rate]}
 
     # ---------------------------------------------------------------- fit
     def fit_hyperparameters(self) -> float:
@@ -413,21 +423,22 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         import torch
 
         self._posterior()  # the tiles in use
-        b, y, v = (a[:, -self.fit_windows :] for a in self._data())
-        t = torch.as_tensor(self.tile[:, 0], dtype=b.dtype).view(-1, 1)
-        b = torch.ceil(b / t) * t  # the sizes as the kernels run them (a full tile's cost)
+        batch_sizes, rel_times, noise_var = (a[:, -self.fit_windows :] for a in self._data())
+        tile_sizes = torch.as_tensor(self.tile[:, 0], dtype=batch_sizes.dtype).view(-1, 1)
+        # the sizes as the kernels run them (a full tile's cost)
+        batch_sizes = torch.ceil(batch_sizes / tile_sizes) * tile_sizes
         # a seeded subset of ranks, drawn afresh at every fit (reproducible from the count)
         rng = np.random.default_rng([self.seed, self.n_fits])
         self.n_fits += 1
         sub = np.sort(
             rng.choice(self.world_size, size=min(self.world_size, self.fit_ranks), replace=False)
         )
-        k = self.kernel
+        kernel = self.kernel
         scale = fit_residual_scale(
-            b[sub],
-            y[sub],
-            v[sub],
-            (k.num_basis, k.lower, k.upper),
+            batch_sizes[sub],
+            rel_times[sub],
+            noise_var[sub],
+            (kernel.num_basis, kernel.lower, kernel.upper),
             self.outputscale,
             self.seed + self.n_fits,
         )

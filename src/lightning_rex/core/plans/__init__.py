@@ -1,1 +1,1 @@
-"""Plans: a plan's rules, the minimax plan on known curves (bounds, repair), proposals and the schedule."""
+"""Plans: their rules, the minimax plan on known curves, proposals and the schedule."""

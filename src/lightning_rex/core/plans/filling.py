@@ -76,20 +76,22 @@ def water_fill_many(
     Raises:
         ValueError: If the bounds cannot hold a batch or the grid is too short.
     """
-    g = curves.shape[1]
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
-    if int(hi.max()) > g:
-        raise ValueError(f"curves cover sizes up to {g}, but a bound allows {int(hi.max())}")
+    num_sizes = curves.shape[1]
+    low = np.asarray(lo, dtype=np.int64)
+    high = np.asarray(hi, dtype=np.int64)
+    if int(high.max()) > num_sizes:
+        raise ValueError(
+            f"curves cover sizes up to {num_sizes}, but a bound allows {int(high.max())}"
+        )
     for total in totals:
-        if int(lo.sum()) > total or int(hi.sum()) < total:
+        if int(low.sum()) > total or int(high.sum()) < total:
             raise ValueError(
-                f"bounds sum to [{int(lo.sum())}, {int(hi.sum())}], not containing {total}"
+                f"bounds sum to [{int(low.sum())}, {int(high.sum())}], not containing {total}"
             )
     env = np.asarray(curves, dtype=np.float64)
     if not monotone:
         env = np.maximum.accumulate(env, axis=1)
-    filling = _Filling(env, lo, hi, shared=len(totals) >= _SHARE_FROM)
+    filling = _Filling(env, low, high, shared=len(totals) >= _SHARE_FROM)
     return [tuple(filling.plan(int(t)).tolist()) for t in totals]
 
 
@@ -108,17 +110,17 @@ def _count(env: np.ndarray, level: float | np.ndarray) -> np.ndarray:
     ``env`` rises along each row (NaN only at a row's end), so those entries are a prefix:
     a branch-free bisection over the columns, all rows at once, in ``O(N log G)``.
     """
-    n, g = env.shape
+    num_rows, num_cols = env.shape
     flat = env.reshape(-1)
-    base = np.arange(n, dtype=np.int64) * g - 1
-    at = np.broadcast_to(np.asarray(level, dtype=np.float64).reshape(-1), (n,))
-    count = np.zeros(n, dtype=np.int64)
-    step = 1 << (g.bit_length() - 1) if g else 0
+    base = np.arange(num_rows, dtype=np.int64) * num_cols - 1
+    limit = np.broadcast_to(np.asarray(level, dtype=np.float64).reshape(-1), (num_rows,))
+    count = np.zeros(num_rows, dtype=np.int64)
+    step = 1 << (num_cols.bit_length() - 1) if num_cols else 0
     while step:
         longer = count + step
-        ok = longer <= g
-        ok &= flat.take(base + np.minimum(longer, g)) <= at
-        count = np.where(ok, longer, count)
+        fits = longer <= num_cols
+        fits &= flat.take(base + np.minimum(longer, num_cols)) <= limit
+        count = np.where(fits, longer, count)
         step >>= 1
     return count
 
@@ -134,13 +136,13 @@ class _Filling:
     """
 
     def __init__(self, env: np.ndarray, lo: np.ndarray, hi: np.ndarray, shared: bool) -> None:
-        n, g = env.shape
+        num_ranks, num_sizes = env.shape
         self.env, self.lo, self.hi = env, lo, hi
-        at_lo = env[np.arange(n), lo - 1]
+        at_lo = env[np.arange(num_ranks), lo - 1]
         self.order = np.argsort(-at_lo, kind="stable")
         self.levels = at_lo[self.order]
         self.starts = np.flatnonzero(np.r_[True, self.levels[1:] != self.levels[:-1]])
-        self.ends = np.r_[self.starts[1:], n]
+        self.ends = np.r_[self.starts[1:], num_ranks]
         self.own = _fill(env, at_lo[:, None], lo, hi)  # each rank's share at its own level
         self.got = np.add.reduceat(self.own[self.order], self.starts)  # per group, forced
         lo_g = np.add.reduceat(lo[self.order], self.starts)
@@ -150,7 +152,7 @@ class _Filling:
         self._held: dict[int, int] = {}
         self.sorted: np.ndarray | None = None
         if shared:
-            cols = np.arange(g)
+            cols = np.arange(num_sizes)
             allowed = (cols >= lo[:, None]) & (cols < hi[:, None])
             self.sorted = np.sort(env[allowed])  # (NaN last: never at or below a level)
 
@@ -169,8 +171,8 @@ class _Filling:
     def held(self, k: int) -> int:
         """What the ranks left after ``k`` forced groups hold at the level of group ``k``."""
         if k not in self._held:
-            at = float(self.levels[self.starts[k]])
-            self._held[k] = self.holding(at) - int(self.lo_before[k])
+            level = float(self.levels[self.starts[k]])
+            self._held[k] = self.holding(level) - int(self.lo_before[k])
         return self._held[k]
 
     def plan(self, total: int) -> np.ndarray:
@@ -182,45 +184,48 @@ class _Filling:
         Returns:
             The sizes, in rank order.
         """
-        env, lo, hi, order, starts = self.env, self.lo, self.hi, self.order, self.starts
-        m = starts.size
+        env, low, high, order, starts = self.env, self.lo, self.hi, self.order, self.starts
+        num_groups = starts.size
         remaining = total - self.before
         # A forced group whose share leaves the later groups less than their minimums
         # ("limited") ends the forcing: it takes what is left above their minimums.
         limited = np.flatnonzero(self.got[:-1] > (remaining - self.lo_after)[:-1])
-        last = int(limited[0]) if limited.size else m - 1
-        a, b = 0, last + 1  # the first group that is not forced, by bisection (monotone)
-        while a < b:
-            mid = (a + b) // 2
+        last = int(limited[0]) if limited.size else num_groups - 1
+        # the first group that is not forced, by bisection (monotone)
+        first_free, upper = 0, last + 1
+        while first_free < upper:
+            mid = (first_free + upper) // 2
             if self.held(mid) >= int(remaining[mid]):
-                a = mid + 1
+                first_free = mid + 1
             else:
-                b = mid
-        plan = lo.copy()
-        done = order[: starts[min(a, last)]]
+                upper = mid
+        plan = low.copy()
+        done = order[: starts[min(first_free, last)]]
         plan[done] = self.own[done]
-        if a <= last:  # group a is free: water-fill the ranks left at one level
-            if a == 0:
-                k = int(remaining[0]) - int(lo.sum())
-                return _level(env, int(remaining[0]), lo, hi, self.guess(k))
+        if first_free <= last:  # group first_free is free: water-fill the ranks left at one level
+            if first_free == 0:
+                k = int(remaining[0]) - int(low.sum())
+                return _level(env, int(remaining[0]), low, high, self.guess(k))
             # the forced ranks keep their shares (bounds pinned at them) and no rank left
             # goes above its size at the last forced level
-            free = np.ones(lo.size, dtype=bool)
+            free = np.ones(low.size, dtype=bool)
             free[done] = False
-            top = np.where(free, _fill(env, self.levels[starts[a - 1]], lo, hi), plan)
+            top = np.where(free, _fill(env, self.levels[starts[first_free - 1]], low, high), plan)
             # the forced ranks' allowed entries are all at or above that level, so the k-th
             # entry of the ranks left (all at or below it) is the k-th of all ranks
-            k = int(remaining[a]) - int(lo[free].sum())
-            return _level(env, int(plan[done].sum()) + int(remaining[a]), plan, top, self.guess(k))
+            k = int(remaining[first_free]) - int(low[free].sum())
+            return _level(
+                env, int(plan[done].sum()) + int(remaining[first_free]), plan, top, self.guess(k)
+            )
         group = np.sort(order[starts[last] : self.ends[last]])
-        if last == m - 1:  # every rank is forced: spread what is left over the slowest
-            plan[group] = _share(self.own[group], lo[group], int(remaining[last]))
+        if last == num_groups - 1:  # every rank is forced: spread what is left over the slowest
+            plan[group] = _share(self.own[group], low[group], int(remaining[last]))
             return plan
         take = int(remaining[last]) - int(self.lo_after[last])  # the later groups get lo
-        room = self.own[group] - lo[group]
-        spare = take - int(lo[group].sum())
+        room = self.own[group] - low[group]
+        spare = take - int(low[group].sum())
         cum = np.cumsum(room)
-        plan[group] = lo[group] + np.clip(spare - (cum - room), 0, room)
+        plan[group] = low[group] + np.clip(spare - (cum - room), 0, room)
         return plan
 
 
@@ -244,25 +249,25 @@ def _level(
     k = total - int(lo.sum())
     if k <= 0:
         return lo.copy()
-    g = env.shape[1]
+    num_sizes = env.shape[1]
     for level in (guess, None):
         if level is None:
             level = _kth_allowed(env, total, lo, hi)
         b_hi = _fill(env, level, lo, hi)
         with np.errstate(over="ignore"):  # below the lowest float: -inf, nothing is below
             below = np.nextafter(level, -np.inf)  # the entries strictly below the level
-        b = np.minimum(_fill(env, below, lo, hi), b_hi)
-        if int(b.sum()) < total <= int(b_hi.sum()):  # (always so for the exact level)
+        sizes = np.minimum(_fill(env, below, lo, hi), b_hi)
+        if int(sizes.sum()) < total <= int(b_hi.sum()):  # (always so for the exact level)
             break
-    deficit = total - int(b.sum())
+    deficit = total - int(sizes.sum())
     if deficit > 0:  # the ranks whose next size is at the level, by their time there
-        extra = b_hi - b
-        nxt = env[np.arange(env.shape[0]), np.minimum(b, g - 1)]
+        extra = b_hi - sizes
+        nxt = env[np.arange(env.shape[0]), np.minimum(sizes, num_sizes - 1)]
         order = np.argsort(nxt, kind="stable")
-        ex = extra[order]
-        cum = np.cumsum(ex)
-        b[order] += np.clip(deficit - (cum - ex), 0, ex)
-    return b
+        extra_sorted = extra[order]
+        cum = np.cumsum(extra_sorted)
+        sizes[order] += np.clip(deficit - (cum - extra_sorted), 0, extra_sorted)
+    return sizes
 
 
 _GATHER = 4096
@@ -277,39 +282,40 @@ def _kth_allowed(env: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) ->
     A bisection on the value brackets it until few entries lie inside the bracket (each
     step costs ``O(N log G)``), and a partial sort of those entries gives it exactly.
     """
-    n, g = env.shape
-    rows = np.arange(n)
+    num_ranks, num_sizes = env.shape
+    rows = np.arange(num_ranks)
     open_ = lo < hi
     first = env[rows[open_], lo[open_]]  # each rank's smallest allowed entry
-    a = float(np.nextafter(first.min(), -np.inf))
-    b = float(env[rows[open_], hi[open_] - 1].max())
-    at_a, at_b = _fill(env, a, lo, hi), _fill(env, b, lo, hi)
-    for _ in range(64):  # at_a holds fewer than total, at_b at least total
-        if int(at_b.sum() - at_a.sum()) <= max(_GATHER, 4 * n):
+    level_low = float(np.nextafter(first.min(), -np.inf))
+    level_high = float(env[rows[open_], hi[open_] - 1].max())
+    at_low, at_high = _fill(env, level_low, lo, hi), _fill(env, level_high, lo, hi)
+    for _ in range(64):  # at_low holds fewer than total, at_high at least total
+        if int(at_high.sum() - at_low.sum()) <= max(_GATHER, 4 * num_ranks):
             break
-        mid = 0.5 * (a + b)
-        if not a < mid < b:  # ties: the bracket cannot shrink further
+        mid = 0.5 * (level_low + level_high)
+        if not level_low < mid < level_high:  # ties: the bracket cannot shrink further
             break
-        at = _fill(env, mid, lo, hi)
-        if int(at.sum()) >= total:
-            b, at_b = mid, at
+        at_mid = _fill(env, mid, lo, hi)
+        if int(at_mid.sum()) >= total:
+            level_high, at_high = mid, at_mid
         else:
-            a, at_a = mid, at
-    lengths = at_b - at_a  # each rank's entries in (a, b]: columns at_a .. at_b - 1
-    m = int(lengths.sum())
+            level_low, at_low = mid, at_mid
+    # each rank's entries in (level_low, level_high]: columns at_low .. at_high - 1
+    lengths = at_high - at_low
+    num_inside = int(lengths.sum())
     offsets = np.cumsum(lengths) - lengths
-    idx = np.repeat(rows * g + at_a - offsets, lengths) + np.arange(m)
+    idx = np.repeat(rows * num_sizes + at_low - offsets, lengths) + np.arange(num_inside)
     inside = env.reshape(-1)[idx]
-    kk = total - int(at_a.sum())
-    return float(np.partition(inside, kk - 1)[kk - 1])
+    kth = total - int(at_low.sum())
+    return float(np.partition(inside, kth - 1)[kth - 1])
 
 
 def _share(cap: np.ndarray, lo: np.ndarray, total: int) -> np.ndarray:
     """Give ``total`` to ranks between ``lo`` and ``cap``, spreading evenly."""
-    b = lo.copy()
-    spare = total - int(b.sum())
+    sizes = lo.copy()
+    spare = total - int(sizes.sum())
     while spare > 0:
-        room = cap - b
+        room = cap - sizes
         open_ = np.flatnonzero(room > 0)
         if open_.size == 0:
             break
@@ -318,6 +324,6 @@ def _share(cap: np.ndarray, lo: np.ndarray, total: int) -> np.ndarray:
         if int(add.sum()) > spare:
             add = np.minimum(add, 1)
             add[np.cumsum(add) > spare] = 0
-        b[open_] += add
+        sizes[open_] += add
         spare -= int(add.sum())
-    return b
+    return sizes

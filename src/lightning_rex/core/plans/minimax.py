@@ -63,13 +63,13 @@ def resolve_bounds(
     caps = [None] * world_size if max_sizes is None else list(max_sizes)
     if len(caps) != world_size:
         raise ValueError(f"max_sizes must have {world_size} entries, got {len(caps)}")
-    hi = np.array([free if c is None else min(int(c), free) for c in caps], dtype=np.int64)
+    high = np.array([free if c is None else min(int(c), free) for c in caps], dtype=np.int64)
     bad = [r for r, c in enumerate(caps) if c is not None and int(c) < min_size]
     if bad:
         raise ValueError(f"max_sizes on ranks {bad} are below min_size={min_size}")
-    if int(hi.sum()) < total:
-        raise ValueError(f"max_sizes sum to {int(hi.sum())}, below global_batch={total}")
-    return np.full(world_size, min_size, dtype=np.int64), hi
+    if int(high.sum()) < total:
+        raise ValueError(f"max_sizes sum to {int(high.sum())}, below global_batch={total}")
+    return np.full(world_size, min_size, dtype=np.int64), high
 
 
 def repair_plan(raw: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -92,14 +92,14 @@ def repair_plan(raw: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> 
     """
     if not int(np.sum(lo)) <= total <= int(np.sum(hi)):
         raise ValueError(f"bounds sum to [{int(np.sum(lo))}, {int(np.sum(hi))}], not {total}")
-    b = np.clip(np.asarray(raw, dtype=np.int64), lo, hi)
+    sizes = np.clip(np.asarray(raw, dtype=np.int64), lo, hi)
     big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    while (diff := int(b.sum()) - total) != 0:
+    while (diff := int(sizes.sum()) - total) != 0:
         if diff > 0:
-            b[int(np.argmax(np.where(b > lo, b, small)))] -= 1
+            sizes[int(np.argmax(np.where(sizes > lo, sizes, small)))] -= 1
         else:
-            b[int(np.argmin(np.where(b < hi, b, big)))] += 1
-    return b
+            sizes[int(np.argmin(np.where(sizes < hi, sizes, big)))] += 1
+    return sizes
 
 
 def exploration_kappa(explore: float, n_windows: int) -> float:
@@ -129,20 +129,21 @@ def feasible_spread(total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     Raises:
         ValueError: If the bounds cannot hold ``total``.
     """
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
-    if not int(lo.sum()) <= total <= int(hi.sum()):
-        raise ValueError(f"bounds sum to [{int(lo.sum())}, {int(hi.sum())}], not {total}")
-    a, b = 0, int(hi.max())  # the smallest level u with sum(clip(u, lo, hi)) >= total
-    while a < b:
-        u = (a + b) // 2
-        if int(np.clip(u, lo, hi).sum()) >= total:
-            b = u
+    low = np.asarray(lo, dtype=np.int64)
+    high = np.asarray(hi, dtype=np.int64)
+    if not int(low.sum()) <= total <= int(high.sum()):
+        raise ValueError(f"bounds sum to [{int(low.sum())}, {int(high.sum())}], not {total}")
+    # the smallest level with sum(clip(level, low, high)) >= total
+    lower, upper = 0, int(high.max())
+    while lower < upper:
+        level = (lower + upper) // 2
+        if int(np.clip(level, low, high).sum()) >= total:
+            upper = level
         else:
-            a = u + 1
-    plan = np.clip(a, lo, hi)
+            lower = level + 1
+    plan = np.clip(lower, low, high)
     excess = int(plan.sum()) - total
-    at_level = np.flatnonzero((plan == a) & (plan > lo))[:excess]
+    at_level = np.flatnonzero((plan == lower) & (plan > low))[:excess]
     plan[at_level] -= 1
     return plan
 
@@ -176,18 +177,18 @@ def size_horizon(
     Returns:
         The horizon, in ``[max(lo, keep), max(hi)]``.
     """
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
-    top = int(hi.max())
+    low = np.asarray(lo, dtype=np.int64)
+    high = np.asarray(hi, dtype=np.int64)
+    top = int(high.max())
     probes = np.array(sorted({min(1 << k, top) for k in range(top.bit_length() + 1)}))
     over = np.asarray(times_at(probes)) > level  # (N, P)
-    over &= probes[None, :] > lo[:, None]
+    over &= probes[None, :] > low[:, None]
     first = np.where(over.any(axis=1), probes[np.argmax(over, axis=1)], top)
-    need = max(int(lo.max()), max((int(b) for b in keep), default=0))
-    g = int(min(max(int(np.minimum(first, hi).max()), need), top))
-    while g < top and int(np.minimum(hi, g).sum()) < total:
-        g = min(2 * g, top)
-    return g
+    need = max(int(low.max()), max((int(b) for b in keep), default=0))
+    horizon = int(min(max(int(np.minimum(first, high).max()), need), top))
+    while horizon < top and int(np.minimum(high, horizon).sum()) < total:
+        horizon = min(2 * horizon, top)
+    return horizon
 
 
 def minimax_plan(
@@ -210,14 +211,14 @@ def minimax_plan(
     Returns:
         The plan, as :func:`water_fill` finds it on those curves.
     """
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
-    even = feasible_spread(total, lo, hi)
+    low = np.asarray(lo, dtype=np.int64)
+    high = np.asarray(hi, dtype=np.int64)
+    even = feasible_spread(total, low, high)
     envelope = np.maximum.accumulate(times_at(np.arange(1, int(even.max()) + 1)), axis=1)
     level = float(envelope[np.arange(even.size), even - 1].max())
-    horizon = size_horizon(times_at, level, lo, hi, even.tolist(), total)
+    horizon = size_horizon(times_at, level, low, high, even.tolist(), total)
     curves = times_at(np.arange(1, horizon + 1))
-    return water_fill(curves, total, lo, np.minimum(hi, horizon))
+    return water_fill(curves, total, low, np.minimum(high, horizon))
 
 
 def affine_plan(
@@ -289,5 +290,5 @@ def plan_from_device_rates(
         return None
     over = np.array([rates[k][1] for k in device_keys])
     slope = np.array([1.0 / rates[k][0] for k in device_keys])
-    lo, hi = resolve_bounds(len(device_keys), global_batch, min_size, max_sizes)
-    return affine_plan(over, slope, global_batch, lo, hi)
+    low, high = resolve_bounds(len(device_keys), global_batch, min_size, max_sizes)
+    return affine_plan(over, slope, global_batch, low, high)

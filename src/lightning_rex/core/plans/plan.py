@@ -61,32 +61,32 @@ def round_fractions(fractions: Sequence[float], total: int, minimum: int = 1) ->
         ValueError: If the fractions are negative, do not sum to 1, or ``total`` cannot give
             every rank ``minimum`` samples.
     """
-    n = len(fractions)
-    if n == 0:
+    n_ranks = len(fractions)
+    if n_ranks == 0:
         raise ValueError("batch_fractions must not be empty")
     if any((not math.isfinite(f)) or f < 0 for f in fractions):
         raise ValueError(f"batch_fractions must be finite and >= 0, got {list(fractions)}")
-    s = float(sum(fractions))
-    if abs(s - 1.0) > 1e-6:
-        raise ValueError(f"batch_fractions must sum to 1 (within 1e-6), got sum {s!r}")
+    fraction_sum = float(sum(fractions))
+    if abs(fraction_sum - 1.0) > 1e-6:
+        raise ValueError(f"batch_fractions must sum to 1 (within 1e-6), got sum {fraction_sum!r}")
     if minimum < 1:
         raise ValueError(f"min_micro_batch_size must be >= 1, got {minimum}")
-    spare = total - n * minimum
+    spare = total - n_ranks * minimum
     if spare < 0:
         raise ValueError(
-            f"a global batch of {total} cannot give each of {n} ranks min_micro_batch_size="
+            f"a global batch of {total} cannot give each of {n_ranks} ranks min_micro_batch_size="
             f"{minimum} samples"
         )
     # Share `spare` in proportion to the fractions, but so that the final sizes track
     # f_r * total as closely as the minimum allows: give each rank max(0, f_r*total - min).
-    want = [max(0.0, f / s * total - minimum) for f in fractions]
+    want = [max(0.0, f / fraction_sum * total - minimum) for f in fractions]
     wsum = sum(want)
-    quotas = [w / wsum * spare for w in want] if wsum > 0 else [spare / n] * n
+    quotas = [w / wsum * spare for w in want] if wsum > 0 else [spare / n_ranks] * n_ranks
     floors = [math.floor(q + 1e-12) for q in quotas]
     left = spare - sum(floors)
-    order = sorted(range(n), key=lambda r: (-(quotas[r] - floors[r]), r))
-    for r in order[:left]:
-        floors[r] += 1
+    order = sorted(range(n_ranks), key=lambda r: (-(quotas[r] - floors[r]), r))
+    for rank in order[:left]:
+        floors[rank] += 1
     return tuple(minimum + f for f in floors)
 
 

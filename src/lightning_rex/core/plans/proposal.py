@@ -81,9 +81,9 @@ def recent_sizes(sizes: Sequence[Sequence[int]], keep: int) -> list[set[int]]:
         return []
     out: list[list[int]] = [[] for _ in sizes[0]]
     for plan in reversed(sizes):
-        for r, b in enumerate(plan):
-            if len(out[r]) < keep and b not in out[r]:
-                out[r].append(int(b))
+        for rank, size in enumerate(plan):
+            if len(out[rank]) < keep and size not in out[rank]:
+                out[rank].append(int(size))
     return [set(x) for x in out]
 
 
@@ -104,8 +104,8 @@ def best_plan_for(
     Returns:
         ``(plan, predicted synchronous step time in seconds)``.
     """
-    g = int(np.max(hi))
-    mean, _ = model.predict_grid(np.arange(1, g + 1))
+    max_size = int(np.max(hi))
+    mean, _ = model.predict_grid(np.arange(1, max_size + 1))
     plan = water_fill(mean, global_batch, lo, hi)
     return plan, float(mean[np.arange(len(plan)), np.asarray(plan) - 1].max())
 
@@ -125,19 +125,22 @@ def best_plans_for(
     """
     if not batches:
         return []
-    g = max(int(np.max(hi)) for _, hi in bounds)
-    mean, _ = model.predict_grid(np.arange(1, g + 1))
+    max_size = max(int(np.max(hi)) for _, hi in bounds)
+    mean, _ = model.predict_grid(np.arange(1, max_size + 1))
     env = np.maximum.accumulate(mean, axis=1)  # what water_fill plans on, once for all
     # batches under the same bounds share one filling (groups, shares, levels)
     same: dict[tuple[bytes, bytes], list[int]] = {}
-    for i, (lo, hi) in enumerate(bounds):
-        key = (np.asarray(lo, dtype=np.int64).tobytes(), np.asarray(hi, dtype=np.int64).tobytes())
-        same.setdefault(key, []).append(i)
+    for batch_index, (low, high) in enumerate(bounds):
+        key = (
+            np.asarray(low, dtype=np.int64).tobytes(),
+            np.asarray(high, dtype=np.int64).tobytes(),
+        )
+        same.setdefault(key, []).append(batch_index)
     plans: dict[int, Plan] = {}
     for idx in same.values():
-        lo, hi = bounds[idx[0]]
+        low, high = bounds[idx[0]]
         many = water_fill_many(
-            env[:, : int(np.max(hi))], [int(batches[i]) for i in idx], lo, hi, monotone=True
+            env[:, : int(np.max(high))], [int(batches[i]) for i in idx], low, high, monotone=True
         )
         plans.update(zip(idx, many))
     rows = np.arange(mean.shape[0])
@@ -163,12 +166,14 @@ def with_floors(
     out = np.asarray(curves, dtype=np.float64)
     if not len(floors):
         return out
-    f = np.asarray(floors, dtype=np.float64).reshape(-1, 3)
-    j = np.searchsorted(sizes, f[:, 1])
-    keep = j < sizes.size
-    fl = np.full(out.shape, -np.inf)
-    np.maximum.at(fl, (f[keep, 0].astype(np.int64), j[keep]), f[keep, 2])
-    return np.maximum(out, np.maximum.accumulate(fl, axis=1))
+    floor_rows = np.asarray(floors, dtype=np.float64).reshape(-1, 3)
+    cols = np.searchsorted(sizes, floor_rows[:, 1])
+    keep = cols < sizes.size
+    floor_grid = np.full(out.shape, -np.inf)
+    np.maximum.at(
+        floor_grid, (floor_rows[keep, 0].astype(np.int64), cols[keep]), floor_rows[keep, 2]
+    )
+    return np.maximum(out, np.maximum.accumulate(floor_grid, axis=1))
 
 
 def propose_plan(
@@ -217,13 +222,13 @@ def propose_plan(
     def optimistic(sizes: np.ndarray) -> np.ndarray:
         return with_floors(model.predict_grid(sizes, kappa)[1], sizes, floors)
 
-    g = int(np.max(hi))
+    horizon = int(np.max(hi))
     if in_bounds:
-        g = size_horizon(optimistic, level, lo, hi, plan, global_batch)
-    top = np.minimum(hi, g)
+        horizon = size_horizon(optimistic, level, lo, hi, plan, global_batch)
+    top = np.minimum(hi, horizon)
     # The acquisition is the posterior's optimistic quantile (BoTorch's), and water-filling
     # is its inner optimiser: the plan minimising the slowest rank's quantile.
-    grid = np.arange(1, g + 1)
+    grid = np.arange(1, horizon + 1)
     mean, quantile = model.predict_grid(grid, kappa)
     mean = with_floors(mean, grid, floors)
     quantile = with_floors(quantile, grid, floors)
@@ -260,9 +265,9 @@ def plan_step_interval(
     mean, lower = model.predict_grid(sizes.astype(np.float64), kappa=1.0)
     col = np.searchsorted(sizes, sizes_of)
     rows = np.arange(len(sizes_of))
-    mu, sd = mean[rows, col], np.maximum(mean[rows, col] - lower[rows, col], 0.0)
+    rank_mean, rank_std = mean[rows, col], np.maximum(mean[rows, col] - lower[rows, col], 0.0)
     rng = np.random.default_rng(seed)
-    top = (mu + sd * rng.standard_normal((draws, len(sizes_of)))).max(axis=1)
-    lo, hi = np.percentile(top, [2.5, 97.5])
-    centre = float(mu.max())
-    return centre, float(min(lo, centre)), float(max(hi, centre))
+    top = (rank_mean + rank_std * rng.standard_normal((draws, len(sizes_of)))).max(axis=1)
+    low, high = np.percentile(top, [2.5, 97.5])
+    centre = float(rank_mean.max())
+    return centre, float(min(low, centre)), float(max(high, centre))

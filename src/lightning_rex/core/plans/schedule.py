@@ -95,9 +95,9 @@ class SizeBounds:
         Returns:
             True when ``lo <= plan <= hi`` rank by rank.
         """
-        lo, hi = resolve_bounds(len(plan), global_batch, self.min_size, self.caps(len(plan)))
-        b = np.asarray(plan)
-        return bool(np.all(b >= lo) and np.all(b <= hi))
+        low, high = resolve_bounds(len(plan), global_batch, self.min_size, self.caps(len(plan)))
+        sizes = np.asarray(plan)
+        return bool(np.all(sizes >= low) and np.all(sizes <= high))
 
     def check_feasible(self, global_batch: int, world_size: int) -> None:
         """Check that some plan of ``global_batch`` over ``world_size`` ranks fits the bounds.
@@ -184,12 +184,13 @@ class PlanSchedule:
         self.world_size = len(initial)
         self.batch_range: tuple[int, int] | None = None
         if batch_range is not None:
-            lo, hi = int(batch_range[0]), int(batch_range[1])
-            if not lo <= self.global_batch <= hi:
+            min_batch, max_batch = int(batch_range[0]), int(batch_range[1])
+            if not min_batch <= self.global_batch <= max_batch:
                 raise ValueError(
-                    f"the global batch range [{lo}, {hi}] does not hold B={self.global_batch}"
+                    f"the global batch range [{min_batch}, {max_batch}] does not hold "
+                    f"B={self.global_batch}"
                 )
-            self.batch_range = (lo, hi)
+            self.batch_range = (min_batch, max_batch)
         self.bounds.check_feasible(self.global_batch, self.world_size)
         plan = self.bounds.check(initial, self.global_batch, "micro_batch_sizes")
         self._steps: list[int] = [int(start)]
@@ -200,10 +201,11 @@ class PlanSchedule:
         if self.batch_range is None:
             return self.bounds.check(sizes, self.global_batch, name)
         total = sum(int(b) for b in sizes)
-        lo, hi = self.batch_range
-        if not lo <= total <= hi:
+        min_batch, max_batch = self.batch_range
+        if not min_batch <= total <= max_batch:
             raise ValueError(
-                f"{name} sum to a global batch of {total}, outside the range [{lo}, {hi}]"
+                f"{name} sum to a global batch of {total}, outside the range "
+                f"[{min_batch}, {max_batch}]"
             )
         self.bounds.check_feasible(total, len(sizes))
         return self.bounds.check(sizes, total, name)
@@ -238,8 +240,8 @@ class PlanSchedule:
         Returns:
             The plan.
         """
-        i = bisect.bisect_right(self._steps, step) - 1
-        return self._plans[max(i, 0)]
+        index = bisect.bisect_right(self._steps, step) - 1
+        return self._plans[max(index, 0)]
 
     def set(self, sizes: Sequence[int], step: int) -> Plan:
         """Put a plan in force from ``step`` on, replacing any entries at or after it.
@@ -261,8 +263,8 @@ class PlanSchedule:
                 f"{len(sizes)} ({list(sizes)})"
             )
         plan = self._check(sizes)
-        i = bisect.bisect_left(self._steps, int(step))
-        del self._steps[i:], self._plans[i:]
+        index = bisect.bisect_left(self._steps, int(step))
+        del self._steps[index:], self._plans[index:]
         self._steps.append(int(step))
         self._plans.append(plan)
         return plan
@@ -295,17 +297,17 @@ class PlanSchedule:
             raise StateError(name, "must be a non-empty list of [step, plan] entries")
         steps: list[int] = []
         plans: list[Plan] = []
-        for i, e in enumerate(entries):
-            where = f"{name}[{i}]"
-            if not isinstance(e, (list, tuple)) or len(e) != 2:
-                raise StateError(where, f"must be a [step, plan] pair, got {e!r}")
-            step = whole(e[0], f"{where}[0]", 0)
+        for index, entry in enumerate(entries):
+            where = f"{name}[{index}]"
+            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+                raise StateError(where, f"must be a [step, plan] pair, got {entry!r}")
+            step = whole(entry[0], f"{where}[0]", 0)
             if steps and step <= steps[-1]:
                 raise StateError(
                     f"{where}[0]",
                     f"must be after the previous entry's step {steps[-1]}, got {step}",
                 )
-            sizes = int_list(e[1], f"{where}[1]", self.world_size)
+            sizes = int_list(entry[1], f"{where}[1]", self.world_size)
             try:
                 plan = self._check(sizes, "plan")
             except ValueError as err:

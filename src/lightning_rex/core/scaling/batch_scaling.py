@@ -166,9 +166,9 @@ class BatchScaler:
 
     def lr_factor(self, batch: int) -> float:
         """The learning-rate factor at ``batch`` under the configured rule."""
-        g = 1.0 if self.noise.grad_sq is None else self.noise.grad_sq
-        s = 0.0 if self.noise.noise is None else self.noise.noise
-        return lr_factor(self.config.lr_rule, batch, self.base_batch, g, s)
+        grad_sq = 1.0 if self.noise.grad_sq is None else self.noise.grad_sq
+        noise = 0.0 if self.noise.noise is None else self.noise.noise
+        return lr_factor(self.config.lr_rule, batch, self.base_batch, grad_sq, noise)
 
     def record(self, batch: int, step_times: np.ndarray, predicted_s: float) -> None:
         """Take one window's synchronous step times measured at ``batch``.
@@ -178,17 +178,21 @@ class BatchScaler:
             step_times: Per-step synchronous times in seconds, shape ``(K,)``, ``K >= 2``.
             predicted_s: The rank model's step time for ``batch`` when the window was taken.
         """
-        t = np.log(np.asarray(step_times, dtype=np.float64))
-        if t.size < 2 or not np.all(np.isfinite(t)) or not 0 < predicted_s < math.inf:
+        log_times = np.log(np.asarray(step_times, dtype=np.float64))
+        if (
+            log_times.size < 2
+            or not np.all(np.isfinite(log_times))
+            or not 0 < predicted_s < math.inf
+        ):
             return
-        var = max(long_run_variance(t) / t.size, 1e-6)
+        var = max(long_run_variance(log_times) / log_times.size, 1e-6)
         self._obs.append(
-            GoodputObservation(int(batch), float(t.mean()), var, math.log(predicted_s))
+            GoodputObservation(int(batch), float(log_times.mean()), var, math.log(predicted_s))
         )
         if len(self._obs) > _MAX_OBS:
             counts: dict[int, int] = {}
-            for o in self._obs:
-                counts[o.batch] = counts.get(o.batch, 0) + 1
+            for observation in self._obs:
+                counts[observation.batch] = counts.get(observation.batch, 0) + 1
             most = max(counts, key=lambda b: counts[b])
             self._obs.pop(next(i for i, o in enumerate(self._obs) if o.batch == most))
         self._since += 1
@@ -218,8 +222,8 @@ class BatchScaler:
     # ------------------------------------------------------------------ proposal
     def candidates(self, current: int) -> np.ndarray:
         """The geometric grid of batches the acquisition is evaluated on (with ``current``)."""
-        c = self.config
-        grid = np.geomspace(c.min_global_batch, c.max_global_batch, c.candidates)
+        config = self.config
+        grid = np.geomspace(config.min_global_batch, config.max_global_batch, config.candidates)
         return np.unique(np.r_[np.round(grid).astype(np.int64), int(current)])
 
     def log_goodput(
@@ -234,11 +238,11 @@ class BatchScaler:
         Returns:
             ``(mean, sd)`` arrays.
         """
-        b = np.asarray(batches, dtype=np.int64)
-        prior = np.array([_log_time(predict(int(x))) for x in b])
-        eff = np.log([self.efficiency(float(x)) for x in b])
-        resid_mean, resid_sd = residual_posterior(self._obs, self.config, b)
-        mean = np.log(b) + eff - (prior + resid_mean)
+        batch_sizes = np.asarray(batches, dtype=np.int64)
+        prior = np.array([_log_time(predict(int(x))) for x in batch_sizes])
+        eff = np.log([self.efficiency(float(x)) for x in batch_sizes])
+        resid_mean, resid_sd = residual_posterior(self._obs, self.config, batch_sizes)
+        mean = np.log(batch_sizes) + eff - (prior + resid_mean)
         return mean, resid_sd
 
     def propose(self, current: int, predict: Callable[[int], float]) -> tuple[int, float] | None:
@@ -256,7 +260,7 @@ class BatchScaler:
         if not self.ready:
             return None
         grid = self.candidates(current)
-        mean, sd = self.log_goodput(grid, predict)
+        mean, std = self.log_goodput(grid, predict)
         # log goodput = known(B) - r(B), r the residual GP: its UCB is known(B) plus BoTorch's
         # UpperConfidenceBound of r for minimisation, -(mean_r - sqrt(beta) sd_r). Every
         # candidate of the small grid is evaluated (what optimize_acqf_discrete would do).
@@ -270,7 +274,7 @@ class BatchScaler:
             with torch.no_grad():
                 ucb = known + acq(log_batch_input(grid, self.config).unsqueeze(1)).numpy()
         else:
-            ucb = mean + self.config.beta * sd
+            ucb = mean + self.config.beta * std
         # a trust region: the rank model extrapolates poorly far from the sizes it has run,
         # and a far trial that fails costs a whole window at a bad batch; a batch beyond it
         # is taken only when its posterior mean promises FAR_GAIN (a far optimum is reached
@@ -298,9 +302,9 @@ class BatchScaler:
                 return None
             phi = bounds[0] if grid[best] > current else bounds[1]
             if math.isfinite(phi):
-                b0, new = self.base_batch, float(grid[best])
-                worst = statistical_efficiency(new, b0, phi) / statistical_efficiency(
-                    current, b0, phi
+                base, new = self.base_batch, float(grid[best])
+                worst = statistical_efficiency(new, base, phi) / statistical_efficiency(
+                    current, base, phi
                 )
                 if (
                     gain * worst / (self.efficiency(new) / self.efficiency(current))
@@ -335,13 +339,13 @@ class BatchScaler:
             The :class:`BatchVerdict`.
         """
         k = new * self.efficiency(new) / (old * self.efficiency(old))
-        ni = non_inferiority(
+        noninf = non_inferiority(
             np.asarray(new_times),
             np.asarray(old_times),
             margin=0.0,
             confidence=self.config.confidence if confidence is None else confidence,
         )
-        gain, lower = k / ni.ratio, k / ni.upper
+        gain, lower = k / noninf.ratio, k / noninf.upper
         frozen = self.noise.frozen or not math.isfinite(k)
         keep = not frozen and lower > 1.0 and gain >= 1.0 + self.config.min_gain
         return BatchVerdict(bool(keep), float(gain), float(lower), float(k), frozen)
@@ -377,7 +381,7 @@ class BatchScaler:
                 variance or prediction that is not a finite number (a positive one for the
                 variance).
         """
-        lo, hi = config.min_global_batch, config.max_global_batch
+        low, high = config.min_global_batch, config.max_global_batch
         base = whole(state_field(d, "base_batch", name), f"{name}.base_batch", 1)
         if base != base_batch:
             raise StateError(
@@ -388,16 +392,16 @@ class BatchScaler:
         if not isinstance(obs_v, list) or len(obs_v) > _MAX_OBS:
             raise StateError(f"{name}.obs", f"must be a list of at most {_MAX_OBS} observations")
         obs = []
-        for i, o in enumerate(obs_v):
-            where = f"{name}.obs[{i}]"
-            if not isinstance(o, (list, tuple)) or len(o) != 4:
+        for index, entry in enumerate(obs_v):
+            where = f"{name}.obs[{index}]"
+            if not isinstance(entry, (list, tuple)) or len(entry) != 4:
                 raise StateError(where, "must be [batch, log time, variance, log prediction]")
             obs.append(
                 GoodputObservation(
-                    whole(o[0], f"{where}[0]", lo, hi),
-                    real(o[1], f"{where}[1]"),
-                    real(o[2], f"{where}[2]", positive=True),
-                    real(o[3], f"{where}[3]"),
+                    whole(entry[0], f"{where}[0]", low, high),
+                    real(entry[1], f"{where}[1]"),
+                    real(entry[2], f"{where}[2]", positive=True),
+                    real(entry[3], f"{where}[3]"),
                 )
             )
         return {
@@ -416,7 +420,7 @@ class BatchScaler:
         Raises:
             StateError: Naming the field (see :meth:`check_state`).
         """
-        c = self.check_state(d, self.config, self.base_batch)
+        state = self.check_state(d, self.config, self.base_batch)
         self.noise.load_state_dict(d["noise"])
-        self._obs = list(c["obs"])
-        self._since = c["since"]
+        self._obs = list(state["obs"])
+        self._since = state["since"]

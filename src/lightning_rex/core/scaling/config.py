@@ -56,13 +56,15 @@ class GlobalBatchScaling:
     windows_between: int = 2
 
     def __post_init__(self) -> None:
-        lo, hi = self.min_global_batch, self.max_global_batch
-        if not (is_integer(lo) and 1 <= lo <= MAX_BATCH):
-            raise ValueError(f"min_global_batch must be an integer in [1, {MAX_BATCH}], got {lo!r}")
-        if not (is_integer(hi) and lo < hi <= MAX_BATCH):
+        low, high = self.min_global_batch, self.max_global_batch
+        if not (is_integer(low) and 1 <= low <= MAX_BATCH):
+            raise ValueError(
+                f"min_global_batch must be an integer in [1, {MAX_BATCH}], got {low!r}"
+            )
+        if not (is_integer(high) and low < high <= MAX_BATCH):
             raise ValueError(
                 f"max_global_batch must be an integer in (min_global_batch, {MAX_BATCH}],"
-                f" got {hi!r}"
+                f" got {high!r}"
             )
         if self.lr_rule not in LR_RULES:
             raise ValueError(f"lr_rule must be one of {LR_RULES}, got {self.lr_rule!r}")

@@ -80,14 +80,14 @@ def noise_estimates(
     Raises:
         ValueError: For fewer than two ranks or a size below 1.
     """
-    n = len(sizes)
-    if n < 2:
-        raise ValueError(f"the noise scale needs at least two ranks, got {n}")
+    num_ranks = len(sizes)
+    if num_ranks < 2:
+        raise ValueError(f"the noise scale needs at least two ranks, got {num_ranks}")
     if min(sizes) < 1:
         raise ValueError(f"sizes must be >= 1, got {list(sizes)}")
-    b = float(sum(sizes))
-    s_hat = b * (weighted_local_sq - global_sq) / (n - 1)
-    g_hat = (n * global_sq - weighted_local_sq) / (n - 1)
+    global_batch = float(sum(sizes))
+    s_hat = global_batch * (weighted_local_sq - global_sq) / (num_ranks - 1)
+    g_hat = (num_ranks * global_sq - weighted_local_sq) / (num_ranks - 1)
     return g_hat, s_hat
 
 
@@ -130,10 +130,10 @@ def lr_factor(
     if rule == "sqrt":
         return math.sqrt(scale)
     if rule == "adascale":
-        g, s = max(0.0, grad_sq), max(0.0, noise)
-        if g + s <= 0.0:
+        clamped_grad, clamped_noise = max(0.0, grad_sq), max(0.0, noise)
+        if clamped_grad + clamped_noise <= 0.0:
             return 1.0
-        return (s / base_batch + g) / (s / batch + g)
+        return (clamped_noise / base_batch + clamped_grad) / (clamped_noise / batch + clamped_grad)
     raise ValueError(f"lr_rule must be one of {LR_RULES}, got {rule!r}")
 
 
@@ -222,11 +222,11 @@ class NoiseScale:
         rows = np.asarray(self._recent, dtype=np.float64)
         if rows.shape[0] < max(2, min_steps):
             return None
-        m = rows.mean(axis=0)
-        se = rows.std(axis=0, ddof=1) / math.sqrt(rows.shape[0])
+        mean = rows.mean(axis=0)
+        stderr = rows.std(axis=0, ddof=1) / math.sqrt(rows.shape[0])
         z = NormalDist().inv_cdf(confidence)
-        g_lo, g_hi = m[0] - z * se[0], m[0] + z * se[0]
-        s_lo, s_hi = max(0.0, m[1] - z * se[1]), max(0.0, m[1] + z * se[1])
+        g_lo, g_hi = mean[0] - z * stderr[0], mean[0] + z * stderr[0]
+        s_lo, s_hi = max(0.0, mean[1] - z * stderr[1]), max(0.0, mean[1] + z * stderr[1])
         low = s_lo / g_hi if g_hi > 0 else math.inf
         high = s_hi / g_lo if g_lo > 0 else math.inf
         return low, high
@@ -256,14 +256,14 @@ class NoiseScale:
             self.skipped += 1
             self.stale += 1
             return False
-        g = _clip(g_raw, [r[0] for r in self._recent])
-        s = _clip(s_raw, [r[1] for r in self._recent])
-        self.clipped += int(g != g_raw or s != s_raw)
+        grad_est = _clip(g_raw, [r[0] for r in self._recent])
+        noise_est = _clip(s_raw, [r[1] for r in self._recent])
+        self.clipped += int(grad_est != g_raw or noise_est != s_raw)
         self._recent = [*self._recent[-(_ROBUST_WINDOW - 1) :], (g_raw, s_raw)]
-        d = self.decay
-        self._g = d * self._g + (1 - d) * g
-        self._s = d * self._s + (1 - d) * s
-        self._w = d * self._w + (1 - d)
+        decay = self.decay
+        self._g = decay * self._g + (1 - decay) * grad_est
+        self._s = decay * self._s + (1 - decay) * noise_est
+        self._w = decay * self._w + (1 - decay)
         self.grad_sq, self.noise = self._g / self._w, self._s / self._w
         self.steps += 1
         self.stale = 0
@@ -310,9 +310,9 @@ class NoiseScale:
         decay = real(state_field(d, "decay", name), f"{name}.decay")
         if not 0.0 <= decay < 1.0:
             raise StateError(f"{name}.decay", f"must be in [0, 1), got {decay}")
-        w = real(state_field(d, "w", name), f"{name}.w")
-        if not 0.0 <= w <= 1.0:
-            raise StateError(f"{name}.w", f"must be a weight in [0, 1], got {w}")
+        weight = real(state_field(d, "w", name), f"{name}.w")
+        if not 0.0 <= weight <= 1.0:
+            raise StateError(f"{name}.w", f"must be a weight in [0, 1], got {weight}")
         recent = d.get("recent", [])
         rows = matrix(recent, f"{name}.recent", None, 2) if recent else []
         if len(rows) > _ROBUST_WINDOW:
@@ -321,7 +321,7 @@ class NoiseScale:
             "decay": decay,
             "g": real(state_field(d, "g", name), f"{name}.g"),
             "s": real(state_field(d, "s", name), f"{name}.s"),
-            "w": w,
+            "w": weight,
             "steps": whole(state_field(d, "steps", name), f"{name}.steps", 0),
             "skipped": whole(state_field(d, "skipped", name), f"{name}.skipped", 0),
             "stale": whole(d.get("stale", 0), f"{name}.stale", 0),
@@ -338,12 +338,12 @@ class NoiseScale:
         Raises:
             StateError: Naming the field (see :meth:`check_state`).
         """
-        c = self.check_state(d)
-        self.decay = c["decay"]
-        self._g, self._s, self._w = c["g"], c["s"], c["w"]
-        self.steps, self.skipped = c["steps"], c["skipped"]
-        self.stale, self.clipped = c["stale"], c["clipped"]
-        self._recent = list(c["recent"])
+        state = self.check_state(d)
+        self.decay = state["decay"]
+        self._g, self._s, self._w = state["g"], state["s"], state["w"]
+        self.steps, self.skipped = state["steps"], state["skipped"]
+        self.stale, self.clipped = state["stale"], state["clipped"]
+        self._recent = list(state["recent"])
         if self._w > 0:
             self.grad_sq, self.noise = self._g / self._w, self._s / self._w
         else:

@@ -55,9 +55,9 @@ def log_batch_input(batch: np.ndarray, config: GlobalBatchScaling) -> torch.Tens
     """
     import torch
 
-    lo, hi = math.log(config.min_global_batch), math.log(config.max_global_batch)
-    u = (np.log(np.asarray(batch, dtype=np.float64)) - lo) / (hi - lo)
-    return torch.as_tensor(u, dtype=torch.float64).reshape(-1, 1)
+    log_low, log_high = math.log(config.min_global_batch), math.log(config.max_global_batch)
+    scaled = (np.log(np.asarray(batch, dtype=np.float64)) - log_low) / (log_high - log_low)
+    return torch.as_tensor(scaled, dtype=torch.float64).reshape(-1, 1)
 
 
 def residual_gp(obs: Sequence[GoodputObservation], config: GlobalBatchScaling) -> Any:
@@ -77,12 +77,12 @@ def residual_gp(obs: Sequence[GoodputObservation], config: GlobalBatchScaling) -
 
     from lightning_rex.core.model.kernels import SplineKernel
 
-    x = log_batch_input(np.array([o.batch for o in obs]), config)
-    y = torch.tensor([[o.log_t - o.pred] for o in obs], dtype=torch.float64)
+    train_x = log_batch_input(np.array([o.batch for o in obs]), config)
+    train_y = torch.tensor([[o.log_t - o.pred] for o in obs], dtype=torch.float64)
     yvar = torch.tensor([[o.var] for o in obs], dtype=torch.float64)
     kernel = ScaleKernel(SplineKernel(num_basis=8, lower=0.0, upper=1.0))
     kernel.outputscale = 0.1**2  # residuals of about 10% of the step time, a priori
-    model = SingleTaskGP(x, y, yvar, covar_module=kernel, outcome_transform=None)
+    model = SingleTaskGP(train_x, train_y, yvar, covar_module=kernel, outcome_transform=None)
     model.mean_module.constant.data.fill_(0.0)
     model.eval()
     return model
@@ -109,5 +109,5 @@ def residual_posterior(
     with torch.no_grad():
         post = model.posterior(log_batch_input(batches, config))
         mean = post.mean.reshape(-1).numpy()
-        sd = post.variance.clamp_min(0).sqrt().reshape(-1).numpy()
-    return mean, sd
+        std = post.variance.clamp_min(0).sqrt().reshape(-1).numpy()
+    return mean, std

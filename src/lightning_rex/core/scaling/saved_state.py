@@ -40,7 +40,7 @@ def check_scaling_state(
     Raises:
         StateError: Naming the field that is missing or malformed.
     """
-    lo, hi = (
+    low, high = (
         (config.min_global_batch, config.max_global_batch)
         if config is not None
         else (world_size, None)
@@ -49,17 +49,17 @@ def check_scaling_state(
         raise StateError("decider", f"must be a mapping, got {type(d).__name__}")
     ctl = check_controller_state(field(d, "controller", "decider"), global_batch, world_size)
     batch = sum(ctl["plan"])
-    if batch < lo or (hi is not None and batch > hi):
+    if batch < low or (high is not None and batch > high):
         raise StateError(
             "decider.controller.global_batch",
-            f"is {batch}, outside the global batch range [{lo}, {hi}]",
+            f"is {batch}, outside the global batch range [{low}, {high}]",
         )
     scaler = field(d, "scaler", "decider")
     if config is not None:
         scaler = BatchScaler.check_state(scaler, config, global_batch, "decider.scaler")
     change = field(d, "change", "decider")
     if change is not None:
-        old = whole(field(change, "batch", "decider.change"), "decider.change.batch", lo, hi)
+        old = whole(field(change, "batch", "decider.change"), "decider.change.batch", low, high)
         plan = int_list(
             field(change, "plan", "decider.change"), "decider.change.plan", world_size, 1
         )

@@ -93,9 +93,9 @@ def _steady(step_max: np.ndarray) -> np.ndarray:
     compares. A step more than twice the window's median is left out (all of them when
     fewer than two would remain).
     """
-    t = np.asarray(step_max, dtype=np.float64)
-    keep = t[t <= _ONE_OFF * float(np.median(t))]
-    return keep if keep.size >= 2 else t
+    times = np.asarray(step_max, dtype=np.float64)
+    keep = times[times <= _ONE_OFF * float(np.median(times))]
+    return keep if keep.size >= 2 else times
 
 
 class ScalingDecider:
@@ -144,16 +144,16 @@ class ScalingDecider:
         Returns:
             False when the step will be skipped (non-finite norms).
         """
-        ok = math.isfinite(weighted_local_sq) and math.isfinite(global_sq)
+        finite = math.isfinite(weighted_local_sq) and math.isfinite(global_sq)
         with self._norms_lock:
             self._norms.append((weighted_local_sq, global_sq, tuple(sizes)))
-        return ok
+        return finite
 
     def _take_norms(self) -> None:
         with self._norms_lock:
             norms, self._norms = self._norms, []
-        for a, g, sizes in norms:
-            self.scaler.noise.update(a, g, sizes)
+        for local_sq, global_sq, sizes in norms:
+            self.scaler.noise.update(local_sq, global_sq, sizes)
 
     def observe(self, window: Window) -> Decision:
         """Take one window (or segment) and decide.
@@ -183,11 +183,11 @@ class ScalingDecider:
         """
         if window.overhead_s is not None:
             self._overheads = [*self._overheads, window.overhead_s][-_OVERHEAD_WINDOWS:]
-        t = window.step_max
-        return _steady(t[1:] if first and t.size >= 3 else t) + self.overhead_s
+        step_max = window.step_max
+        return _steady(step_max[1:] if first and step_max.size >= 3 else step_max) + self.overhead_s
 
     def _observe(self, window: Window) -> Decision:
-        b = sum(window.plan)
+        batch = sum(window.plan)
         measured = float(window.medians.max())
 
         def hold(reason: str) -> Decision:
@@ -195,7 +195,7 @@ class ScalingDecider:
 
         if self._change is not None:
             old, old_plan, base = self._change
-            if b == old:
+            if batch == old:
                 return hold("new global batch not yet in force")
             # the new batch's windows teach both models: the rank times at the new sizes (a
             # re-split the controller would propose now is declined: the batch comes first)
@@ -209,28 +209,31 @@ class ScalingDecider:
             # times carry the per-step overhead as the baseline's and the predictions do
             times = self._times(window, first=not self._trial)
             if self.controller.model.n_obs > 0:
-                self.scaler.record(b, times, self._predict(b))
+                self.scaler.record(batch, times, self._predict(batch))
             self._trial += times.tolist()
             if len(self._trial) < self.window_steps:
                 # a sequential look: a gain already shown at a stricter confidence is kept
                 # now; anything else is measured on to the whole window
                 early = self.scaler.validate(
-                    old, b, np.asarray(base), np.asarray(self._trial), _early_confidence(self)
+                    old, batch, np.asarray(base), np.asarray(self._trial), _early_confidence(self)
                 )
                 if not (early.keep and len(self._trial) >= max(2, self.window_steps // 3)):
                     return hold(
-                        f"global batch {old} -> {b}: measuring ({len(self._trial)} of"
+                        f"global batch {old} -> {batch}: measuring ({len(self._trial)} of"
                         f" {self.window_steps} steps)"
                     )
-            v = self.scaler.validate(old, b, np.asarray(base), np.asarray(self._trial))
+            verdict = self.scaler.validate(old, batch, np.asarray(base), np.asarray(self._trial))
             self._change, self._trial, self._recent = None, [], []
-            what = f"global batch {old} -> {b}: goodput x{v.gain:.3f} (lower bound x{v.lower:.3f})"
-            if v.frozen:
+            what = (
+                f"global batch {old} -> {batch}: goodput x{verdict.gain:.3f}"
+                f" (lower bound x{verdict.lower:.3f})"
+            )
+            if verdict.frozen:
                 what += (
                     f"; the noise estimate is frozen ({self.scaler.noise.stale} steps without"
                     " finite gradient norms)"
                 )
-            if not v.keep:
+            if not verdict.keep:
                 try:
                     self.controller.set_global_batch(old, old_plan)
                 except ValueError as err:  # memory caps measured since no longer hold it
@@ -243,7 +246,7 @@ class ScalingDecider:
                 "accept", None, None, measured, None, what, window.step_end, validated=True
             )
         was_steady = self.controller.phase == "steady" and window.plan == self.controller.plan
-        d = self.controller.observe(window)
+        decision = self.controller.observe(window)
         self._forget()
         in_force = window.plan == self.controller.plan
         steady = self.controller.phase == "steady" and in_force
@@ -251,49 +254,57 @@ class ScalingDecider:
         # validation, gives way to a large gain of the batch (below): at the start, the
         # controller's first split would otherwise hold the batch at B0 through its whole
         # validation, and the new batch comes with a split of its own.
-        proposed = d.kind == "propose" and was_steady and d.plan is not None and sum(d.plan) == b
-        trying = d.kind == "hold" and self.controller.phase == "validating" and in_force
+        proposed = (
+            decision.kind == "propose"
+            and was_steady
+            and decision.plan is not None
+            and sum(decision.plan) == batch
+        )
+        trying = decision.kind == "hold" and self.controller.phase == "validating" and in_force
         resplit = proposed or trying
-        if not (resplit or (d.kind == "hold" and steady)) or self.controller.model.n_obs == 0:
-            return d  # (the rank model has no window yet: a partial first window)
+        if (
+            not (resplit or (decision.kind == "hold" and steady))
+            or self.controller.model.n_obs == 0
+        ):
+            return decision  # (the rank model has no window yet: a partial first window)
         times = self._times(window)
         self._recent = (self._recent + times.tolist())[-_BASELINE_STEPS:]
         enough = len(self._recent) >= max(2, self.window_steps // 3)
-        if enough:  # (the candidates include b: one grid posterior and one sort for all)
-            self._predict_many(self.scaler.candidates(b).tolist())
-        self.scaler.record(b, times, self._predict(b))
+        if enough:  # (the candidates include batch: one grid posterior and one sort for all)
+            self._predict_many(self.scaler.candidates(batch).tolist())
+        self.scaler.record(batch, times, self._predict(batch))
         if not enough:
-            return d
-        p = self.scaler.propose(b, self._predict)
-        if p is None:
-            return d
-        new, gain = p
+            return decision
+        proposal = self.scaler.propose(batch, self._predict)
+        if proposal is None:
+            return decision
+        new, gain = proposal
         # a proposed re-split's predicted speedup is credited to the old batch (one under
         # validation is in the baseline's times already)
-        credit = _split_credit(d, self.overhead_s) if proposed else 1.0
+        credit = _split_credit(decision, self.overhead_s) if proposed else 1.0
         if (resplit or len(self._recent) < self.window_steps) and gain < _LARGE_GAIN * credit:
-            return d  # a small gain is shown on a whole window of baseline only
+            return decision  # a small gain is shown on a whole window of baseline only
         try:
             plan, pred_new = self.controller.predict_step_time(new)
         except ValueError:  # the bounds changed under the proposal: not this time
-            return d
+            return decision
         if resplit:  # dropped: the plan before it is the one to return to
             self.controller.decline()
         old_plan = self.controller.plan
         try:
             self.controller.set_global_batch(new, plan)
         except ValueError:
-            return hold(f"global batch {b} -> {new}: out of bounds") if resplit else d
+            return hold(f"global batch {batch} -> {new}: out of bounds") if resplit else decision
         # (so that the new batch is kept only if it beats the old one split as proposed)
-        self._change = (b, old_plan, [t / credit for t in self._recent])
+        self._change = (batch, old_plan, [t / credit for t in self._recent])
         self.scaler.changed()
         return Decision(
             "propose",
             plan,
             pred_new,
             measured,
-            d.significance,
-            f"global batch {b} -> {new}: goodput predicted x{gain:.3f} (noise scale"
+            decision.significance,
+            f"global batch {batch} -> {new}: goodput predicted x{gain:.3f} (noise scale"
             f" {self.scaler.phi:.4g}, efficiency x{self.scaler.efficiency(new):.3f})",
             window.step_end,
         )
@@ -334,17 +345,17 @@ class ScalingDecider:
         """Predict the step times of several batches on one posterior of the size grid."""
         ctl = self.controller
         want, bounds = [], []
-        for b in dict.fromkeys(int(x) for x in batches):
-            if b in self._predicted:
+        for batch in dict.fromkeys(int(x) for x in batches):
+            if batch in self._predicted:
                 continue
             try:
-                bounds.append(ctl.bounds.arrays(b, ctl.world_size))
+                bounds.append(ctl.bounds.arrays(batch, ctl.world_size))
             except ValueError:
-                self._predicted[b] = math.inf
+                self._predicted[batch] = math.inf
             else:
-                want.append(b)
-        for b, (_, t) in zip(want, best_plans_for(ctl.model, bounds, want)):
-            self._predicted[b] = t + self.overhead_s
+                want.append(batch)
+        for batch, (_, step_s) in zip(want, best_plans_for(ctl.model, bounds, want)):
+            self._predicted[batch] = step_s + self.overhead_s
 
     def _forget(self) -> None:
         """The rank model took a window: the predictions made before it are stale."""
@@ -400,14 +411,16 @@ class ScalingDecider:
         Raises:
             StateError: Naming the field (see :meth:`check_state`).
         """
-        c = self.check_state(
+        state = self.check_state(
             d, self.scaler.base_batch, self.controller.world_size, self.scaler.config
         )
         with self._lock:
             self.controller.load_state_dict(d["controller"])
             self._forget()
             self.scaler.load_state_dict(d["scaler"])
-            ch = c["change"]
-            self._change = None if ch is None else (ch["batch"], ch["plan"], ch["baseline"])
-            self._trial = list(c["trial"])
-            self._recent = list(c["recent"])
+            change = state["change"]
+            self._change = (
+                None if change is None else (change["batch"], change["plan"], change["baseline"])
+            )
+            self._trial = list(state["trial"])
+            self._recent = list(state["recent"])

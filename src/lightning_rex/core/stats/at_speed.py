@@ -71,17 +71,17 @@ def warming_ranks(
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if not (tolerance >= 0.0 and allowance >= 1.0):
         raise ValueError(f"need tolerance >= 0 and allowance >= 1, got {tolerance}, {allowance}")
-    n, k = times.shape
-    if k < 4 or n == 0:
-        return np.zeros(n, dtype=bool)
-    x = np.log(times)
-    h = k // 2
-    first, second = x[:, :h], x[:, h:]
+    num_ranks, steps = times.shape
+    if steps < 4 or num_ranks == 0:
+        return np.zeros(num_ranks, dtype=bool)
+    log_times = np.log(times)
+    half = steps // 2
+    first, second = log_times[:, :half], log_times[:, half:]
     drop = first.min(axis=1) - np.median(second, axis=1)
     within = ((first - first.mean(axis=1, keepdims=True)) ** 2).sum(axis=1) + (
         (second - second.mean(axis=1, keepdims=True)) ** 2
     ).sum(axis=1)
-    noise = float(np.quantile(np.sqrt(within / (k - 2)), 0.25))
-    z = float(stats.norm.isf(alpha / n))
-    spread = np.sqrt(1.0 + np.pi / (2.0 * (k - h)))
-    return np.asarray(drop > max(tolerance, z * allowance * noise * spread), dtype=bool)
+    noise = float(np.quantile(np.sqrt(within / (steps - 2)), 0.25))
+    z_quantile = float(stats.norm.isf(alpha / num_ranks))
+    spread = np.sqrt(1.0 + np.pi / (2.0 * (steps - half)))
+    return np.asarray(drop > max(tolerance, z_quantile * allowance * noise * spread), dtype=bool)

@@ -43,23 +43,25 @@ def ending_p_value(
         when ``K < 6``).
     """
     idx = np.asarray(list(ranks), dtype=np.int64)
-    t = np.log(np.asarray(times, dtype=np.float64))
-    k = t.shape[1]
-    if k < 6 or idx.size == 0:
+    log_times = np.log(np.asarray(times, dtype=np.float64))
+    steps = log_times.shape[1]
+    if steps < 6 or idx.size == 0:
         return np.ones(idx.size)
     sign = np.where(np.broadcast_to(np.asarray(slower, dtype=bool), idx.shape), 1.0, -1.0)
-    r = stats.rankdata(sign[:, None] * (t[idx] - np.median(t, axis=0)), axis=1)
-    ref = np.delete(t, idx, axis=0)
+    excess_ranks = stats.rankdata(
+        sign[:, None] * (log_times[idx] - np.median(log_times, axis=0)), axis=1
+    )
+    ref = np.delete(log_times, idx, axis=0)
     if ref.shape[0] < 2:
-        ref = t
-    f = variance_inflation(stats.rankdata(ref.ravel()).reshape(ref.shape))
-    splits = sorted({k // 3, k // 2, (2 * k) // 3})
+        ref = log_times
+    inflation = variance_inflation(stats.rankdata(ref.ravel()).reshape(ref.shape))
+    splits = sorted({steps // 3, steps // 2, (2 * steps) // 3})
     best = np.ones(idx.size)
-    for sp in splits:
-        n1, n2 = sp, k - sp
-        u = r[:, :sp].sum(axis=1) - n1 * (n1 + 1) / 2.0
-        sd = np.sqrt(n1 * n2 * (k + 1) / 12.0 * f)
-        best = np.minimum(best, stats.norm.sf((u - n1 * n2 / 2.0 - 0.5) / sd))
+    for split in splits:
+        n_before, n_after = split, steps - split
+        u_stat = excess_ranks[:, :split].sum(axis=1) - n_before * (n_before + 1) / 2.0
+        std = np.sqrt(n_before * n_after * (steps + 1) / 12.0 * inflation)
+        best = np.minimum(best, stats.norm.sf((u_stat - n_before * n_after / 2.0 - 0.5) / std))
     return np.asarray(np.minimum(1.0, best * len(splits)))
 
 
@@ -80,13 +82,13 @@ def effect_drop_z(windows: Sequence[np.ndarray], *, slower: bool = True) -> np.n
         The standardised drop per rank, shape ``(N,)``; zeros with fewer than 3 ranks or 2
         windows.
     """
-    n = windows[0].shape[0]
-    if len(windows) < 2 or n < 3:
-        return np.zeros(n)
+    num_ranks = windows[0].shape[0]
+    if len(windows) < 2 or num_ranks < 3:
+        return np.zeros(num_ranks)
     meds = []
-    for w in (windows[0], windows[-1]):
-        lw = np.log(np.asarray(w, dtype=np.float64))
-        meds.append(np.median(lw - np.median(lw, axis=0, keepdims=True), axis=1))
+    for window in (windows[0], windows[-1]):
+        log_window = np.log(np.asarray(window, dtype=np.float64))
+        meds.append(np.median(log_window - np.median(log_window, axis=0, keepdims=True), axis=1))
     drop = meds[0] - meds[1]
     if not slower:
         drop = -drop

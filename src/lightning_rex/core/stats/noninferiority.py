@@ -44,23 +44,23 @@ def long_run_variance(x: np.ndarray, bandwidth: int | None = None) -> float:
         ``gamma_0 + 2 sum_{j<=L} (1 - j / (L + 1)) gamma_j``, at least ``gamma_0`` (the
         variance), 0 for fewer than two samples.
     """
-    x = np.asarray(x, dtype=np.float64)
-    k = x.size
-    if k < 2:
+    series = np.asarray(x, dtype=np.float64)
+    length = series.size
+    if length < 2:
         return 0.0
-    c = x - x.mean()
-    g0 = float(c @ c) / k
-    if g0 <= 0:
+    centred = series - series.mean()
+    gamma0 = float(centred @ centred) / length
+    if gamma0 <= 0:
         return 0.0
     if bandwidth is None:
-        rho = min(0.9, max(0.0, float(c[1:] @ c[:-1]) / k / g0))
+        rho = min(0.9, max(0.0, float(centred[1:] @ centred[:-1]) / length / gamma0))
         a = 4.0 * rho * rho / ((1.0 - rho) ** 2 * (1.0 + rho) ** 2)
-        bandwidth = math.ceil(1.1447 * (a * k) ** (1.0 / 3.0))
-    lag = max(0, min(int(bandwidth), k - 1))
-    s = g0
+        bandwidth = math.ceil(1.1447 * (a * length) ** (1.0 / 3.0))
+    lag = max(0, min(int(bandwidth), length - 1))
+    variance = gamma0
     for j in range(1, lag + 1):
-        s += 2.0 * (1.0 - j / (lag + 1)) * float(c[j:] @ c[:-j]) / k
-    return max(s, g0)
+        variance += 2.0 * (1.0 - j / (lag + 1)) * float(centred[j:] @ centred[:-j]) / length
+    return max(variance, gamma0)
 
 
 def _winsorise(*series: np.ndarray, width: float = 4.0) -> list[np.ndarray]:
@@ -74,11 +74,13 @@ def _winsorise(*series: np.ndarray, width: float = 4.0) -> list[np.ndarray]:
     uniformly slower plan down to the baseline's range when the noise is small).
     """
     out = []
-    for x in series:
-        center = float(np.median(x))
-        spread = 1.4826 * float(np.median(np.abs(x - center)))
+    for values in series:
+        center = float(np.median(values))
+        spread = 1.4826 * float(np.median(np.abs(values - center)))
         out.append(
-            x if spread <= 0 else np.clip(x, center - width * spread, center + width * spread)
+            values
+            if spread <= 0
+            else np.clip(values, center - width * spread, center + width * spread)
         )
     return out
 
@@ -148,28 +150,34 @@ def non_inferiority(
         raise ValueError(f"margin must be >= 0, got {margin}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    a = np.asarray(new, dtype=np.float64).ravel()
-    b = np.asarray(base, dtype=np.float64).ravel()
-    if a.size < 2 or b.size < 2:
+    new_times = np.asarray(new, dtype=np.float64).ravel()
+    base_times = np.asarray(base, dtype=np.float64).ravel()
+    if new_times.size < 2 or base_times.size < 2:
         raise ValueError("each series needs at least two steps")
-    if a.min() <= 0 or b.min() <= 0:
+    if new_times.min() <= 0 or base_times.min() <= 0:
         raise ValueError("step times must be positive")
-    la, lb = _winsorise(np.log(a), np.log(b))
-    d = float(la.mean() - lb.mean())
-    va = max(long_run_variance(la), float(la.var()) * min_inflation) / a.size
-    vb = max(long_run_variance(lb), float(lb.var()) * min_inflation) / b.size
-    se = math.sqrt(max(va + vb, 1e-300))
+    log_new, log_base = _winsorise(np.log(new_times), np.log(base_times))
+    log_ratio = float(log_new.mean() - log_base.mean())
+    var_new = max(long_run_variance(log_new), float(log_new.var()) * min_inflation) / new_times.size
+    var_base = (
+        max(long_run_variance(log_base), float(log_base.var()) * min_inflation) / base_times.size
+    )
+    std_err = math.sqrt(max(var_new + var_base, 1e-300))
     # Welch-Satterthwaite degrees of freedom
-    df = (va + vb) ** 2 / (va * va / max(a.size - 1, 1) + vb * vb / max(b.size - 1, 1) + 1e-300)
-    q = float(stats.t.ppf(confidence, max(df, 1.0)))
-    upper = d + q * se
+    dof = (var_new + var_base) ** 2 / (
+        var_new * var_new / max(new_times.size - 1, 1)
+        + var_base * var_base / max(base_times.size - 1, 1)
+        + 1e-300
+    )
+    t_quantile = float(stats.t.ppf(confidence, max(dof, 1.0)))
+    upper = log_ratio + t_quantile * std_err
     bound = 1.0 + float(margin)
     return NonInferiority(
-        ratio=math.exp(d),
+        ratio=math.exp(log_ratio),
         upper=math.exp(upper),
-        lower=math.exp(d - q * se),
+        lower=math.exp(log_ratio - t_quantile * std_err),
         bound=bound,
         non_inferior=bool(upper <= math.log(bound)),
-        se=se,
-        df=float(df),
+        se=std_err,
+        df=float(dof),
     )

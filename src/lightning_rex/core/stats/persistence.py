@@ -141,8 +141,8 @@ def cold_start_flagged(
         if kinds.size >= 2:
             series = np.stack([np.median(times[labels == k], axis=0) for k in kinds])
             hit = kind_test(series, COLD_START_LEVEL * alpha, min_effect, min_inflation)
-            for i in np.flatnonzero(hit):
-                flagged.update(int(r) for r in np.flatnonzero(labels == kinds[i]))
+            for kind_index in np.flatnonzero(hit):
+                flagged.update(int(r) for r in np.flatnonzero(labels == kinds[kind_index]))
     return sorted(flagged)
 
 
@@ -168,22 +168,24 @@ def kind_test(
     Returns:
         A boolean mask over kinds.
     """
-    x = np.log(np.asarray(series, dtype=np.float64))
-    g, k = x.shape
-    if k < 2:
-        return np.zeros(g, dtype=bool)
-    m = x.mean(axis=1)
-    others = np.array([np.median(np.delete(m, i)) for i in range(g)])
-    df = g * (k - 1)
-    s2 = float(((x - m[:, None]) ** 2).sum()) / df
-    ranks = stats.rankdata(x - m[:, None]).reshape(g, k)
-    f = max(variance_inflation(ranks), float(min_inflation))
-    se = np.sqrt(max(s2, 1e-300) * f / k * (1.0 + np.pi / (2.0 * (g - 1))))
-    t = (m - others) / se
-    adj = holm(np.concatenate([stats.t.sf(t, df), stats.t.sf(-t, df)]))
+    log_times = np.log(np.asarray(series, dtype=np.float64))
+    num_kinds, steps = log_times.shape
+    if steps < 2:
+        return np.zeros(num_kinds, dtype=bool)
+    means = log_times.mean(axis=1)
+    others = np.array([np.median(np.delete(means, i)) for i in range(num_kinds)])
+    dof = num_kinds * (steps - 1)
+    pooled_var = float(((log_times - means[:, None]) ** 2).sum()) / dof
+    ranks = stats.rankdata(log_times - means[:, None]).reshape(num_kinds, steps)
+    inflation = max(variance_inflation(ranks), float(min_inflation))
+    std_err = np.sqrt(
+        max(pooled_var, 1e-300) * inflation / steps * (1.0 + np.pi / (2.0 * (num_kinds - 1)))
+    )
+    t_stat = (means - others) / std_err
+    adj = holm(np.concatenate([stats.t.sf(t_stat, dof), stats.t.sf(-t_stat, dof)]))
     thr = np.log1p(min_effect)
-    slow = (adj[:g] < level) & (m - others > thr)
-    fast = (adj[g:] < level) & (others - m > thr)
+    slow = (adj[:num_kinds] < level) & (means - others > thr)
+    fast = (adj[num_kinds:] < level) & (others - means > thr)
     return np.asarray(slow | fast)
 
 
@@ -227,26 +229,26 @@ def persistent_ranks(
     for slow in (True, False):
         cand = pooled.slow_ranks if slow else pooled.fast_ranks
         if slow:
-            ok = [
+            consistent = [
                 r
                 for r in cand
                 if all(e.raw_p_values[r] < consistency and e.effect[r] > thr for e in each)
             ]
         else:
-            ok = [
+            consistent = [
                 r
                 for r in cand
                 if all(e.raw_p_values_fast[r] < consistency and e.effect[r] < 1 / thr for e in each)
             ]
-        if not ok:
+        if not consistent:
             continue
         # A straggler that stops inside the latest window, or whose effect faded from the
         # first window to the last, is transient; one that starts inside the latest window
         # is a new episode, not the continuation of the earlier ones.
-        stops = ending_p_value(wins[-1], ok, slower=slow) < ending_alpha
-        starts = ending_p_value(wins[-1], ok, slower=not slow) < ending_alpha
-        faded = effect_drop_z(list(wins), slower=slow)[ok] > stats.norm.isf(consistency)
-        out += [r for r, v in zip(ok, stops | starts | faded) if not v]
+        stops = ending_p_value(wins[-1], consistent, slower=slow) < ending_alpha
+        starts = ending_p_value(wins[-1], consistent, slower=not slow) < ending_alpha
+        faded = effect_drop_z(list(wins), slower=slow)[consistent] > stats.norm.isf(consistency)
+        out += [r for r, v in zip(consistent, stops | starts | faded) if not v]
     return sorted(out)
 
 

@@ -66,11 +66,11 @@ def block_medians(times: np.ndarray, block: int) -> np.ndarray:
     Returns:
         Shape ``(N, K // block)``; at least one block (the whole window) when ``K < block``.
     """
-    n, k = times.shape
-    block = max(1, min(int(block), k))
-    m = k // block
-    tail = times[:, k - m * block :]
-    return np.asarray(np.median(tail.reshape(n, m, block), axis=2))
+    num_ranks, steps = times.shape
+    block = max(1, min(int(block), steps))
+    num_blocks = steps // block
+    tail = times[:, steps - num_blocks * block :]
+    return np.asarray(np.median(tail.reshape(num_ranks, num_blocks, block), axis=2))
 
 
 def holm(p: np.ndarray) -> np.ndarray:
@@ -83,10 +83,10 @@ def holm(p: np.ndarray) -> np.ndarray:
         Adjusted p-values of the same shape, capped at 1 and monotone in the raw ones.
     """
     flat = np.asarray(p, dtype=np.float64).ravel()
-    m = flat.size
+    count = flat.size
     order = np.argsort(flat, kind="stable")
-    adj = np.maximum.accumulate((m - np.arange(m)) * flat[order])
-    out = np.empty(m)
+    adj = np.maximum.accumulate((count - np.arange(count)) * flat[order])
+    out = np.empty(count)
     out[order] = np.minimum(adj, 1.0)
     return out.reshape(np.shape(p))
 
@@ -103,39 +103,41 @@ def variance_inflation(ranks: np.ndarray, max_lag: int = 10) -> float:
         autocorrelation ``rho`` of the within-rank centred ranks, floored at 1; 1 when
         ``K < 4``.
     """
-    k = ranks.shape[1]
-    if k < 4:
+    steps = ranks.shape[1]
+    if steps < 4:
         return 1.0
-    c = ranks - ranks.mean(axis=1, keepdims=True)
-    den = float((c * c).sum())
+    centred = ranks - ranks.mean(axis=1, keepdims=True)
+    den = float((centred * centred).sum())
     if den <= 0:
         return 1.0
-    r1 = float((c[:, :-1] * c[:, 1:]).sum()) / den
+    rho = float((centred[:, :-1] * centred[:, 1:]).sum()) / den
     # Small-sample bias correction, plus one standard error so that few ranks stay safe.
-    r1 = min(0.95, r1 + (1.0 + 4.0 * max(r1, 0.0)) / k + 1.0 / np.sqrt(ranks.size))
-    f = 1.0 + 2.0 * sum((1.0 - j / k) * r1**j for j in range(1, min(max_lag, k - 1) + 1))
-    return max(1.0, f)
+    rho = min(0.95, rho + (1.0 + 4.0 * max(rho, 0.0)) / steps + 1.0 / np.sqrt(ranks.size))
+    factor = 1.0 + 2.0 * sum(
+        (1.0 - j / steps) * rho**j for j in range(1, min(max_lag, steps - 1) + 1)
+    )
+    return max(1.0, factor)
 
 
 def _leave_one_out_median(x: np.ndarray) -> np.ndarray:
     """The median of ``x`` without element ``r``, for every ``r``, in O(N log N)."""
-    n = x.size
-    if n == 1:
+    size = x.size
+    if size == 1:
         return x.copy()
     order = np.argsort(x, kind="stable")
-    s = x[order]
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n)
+    sorted_x = x[order]
+    pos = np.empty(size, dtype=np.int64)
+    pos[order] = np.arange(size)
 
-    # The remaining sorted array has n-1 elements; element j of it is s[j] if j < pos else
-    # s[j+1].
+    # The remaining sorted array has size-1 elements; element j of it is sorted_x[j] if
+    # j < pos else sorted_x[j+1].
     def pick(j: int) -> np.ndarray:
-        return np.where(j < pos, s[j], s[min(j + 1, n - 1)])
+        return np.where(j < pos, sorted_x[j], sorted_x[min(j + 1, size - 1)])
 
-    m = n - 1
-    if m % 2 == 1:
-        return pick(m // 2)
-    return 0.5 * (pick(m // 2 - 1) + pick(m // 2))
+    remaining = size - 1
+    if remaining % 2 == 1:
+        return pick(remaining // 2)
+    return 0.5 * (pick(remaining // 2 - 1) + pick(remaining // 2))
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ class ImbalanceResult:
         Returns:
             A dict of plain Python values.
         """
-        d: dict[str, Any] = {
+        summary: dict[str, Any] = {
             "imbalanced": bool(self.imbalanced),
             "slow_ranks": list(self.slow_ranks),
             "fast_ranks": list(self.fast_ranks),
@@ -198,10 +200,10 @@ class ImbalanceResult:
             "min_effect_ratio": float(self.effect.min()),
         }
         if self.p_values.size <= max_ranks:
-            d["p_values"] = [float(v) for v in self.p_values]
-            d["p_values_fast"] = [float(v) for v in self.p_values_fast]
-            d["effect"] = [float(v) for v in self.effect]
-        return d
+            summary["p_values"] = [float(v) for v in self.p_values]
+            summary["p_values_fast"] = [float(v) for v in self.p_values_fast]
+            summary["effect"] = [float(v) for v in self.effect]
+        return summary
 
 
 def imbalance_test(
@@ -233,17 +235,17 @@ def imbalance_test(
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if min_effect < 0:
         raise ValueError(f"min_effect must be >= 0, got {min_effect}")
-    t = np.asarray(times, dtype=np.float64)
-    n = t.shape[0]
-    med = np.median(t, axis=1)
-    effect = med / _leave_one_out_median(med) if n > 1 else np.ones(1)
-    if n < 2:
-        ones = np.ones(n)
+    samples = np.asarray(times, dtype=np.float64)
+    num_ranks = samples.shape[0]
+    med = np.median(samples, axis=1)
+    effect = med / _leave_one_out_median(med) if num_ranks > 1 else np.ones(1)
+    if num_ranks < 2:
+        ones = np.ones(num_ranks)
         return ImbalanceResult(
             ones,
             ones.copy(),
             1.0,
-            np.zeros(n),
+            np.zeros(num_ranks),
             ones.copy(),
             ones.copy(),
             effect,
@@ -253,30 +255,30 @@ def imbalance_test(
             alpha,
             min_effect,
         )
-    bm = block_medians(t, block)
-    m = bm.shape[1]
-    ranks = stats.rankdata(bm.ravel()).reshape(n, m)
-    n1, n2 = m, (n - 1) * m
-    total = n1 + n2
-    u = ranks.sum(axis=1) - m * (m + 1) / 2.0
-    _, counts = np.unique(bm, return_counts=True)
+    blocked = block_medians(samples, block)
+    num_blocks = blocked.shape[1]
+    ranks = stats.rankdata(blocked.ravel()).reshape(num_ranks, num_blocks)
+    n_rank, n_others = num_blocks, (num_ranks - 1) * num_blocks
+    total = n_rank + n_others
+    u_stat = ranks.sum(axis=1) - num_blocks * (num_blocks + 1) / 2.0
+    _, counts = np.unique(blocked, return_counts=True)
     tie = float(np.sum(counts.astype(np.float64) ** 3 - counts)) / (total * (total - 1))
     inflation = max(variance_inflation(ranks), float(min_inflation))
-    var0 = n1 * n2 / 12.0 * ((total + 1) - tie)
-    sd = np.sqrt(max(var0 * inflation, 1e-300))
-    mean = n1 * n2 / 2.0
-    z = (u - mean) / np.sqrt(max(var0, 1e-300))
-    p_slow = stats.norm.sf((u - mean - 0.5) / sd)
-    p_fast = stats.norm.sf((mean - u - 0.5) / sd)
+    var0 = n_rank * n_others / 12.0 * ((total + 1) - tie)
+    std = np.sqrt(max(var0 * inflation, 1e-300))
+    mean = n_rank * n_others / 2.0
+    z_naive = (u_stat - mean) / np.sqrt(max(var0, 1e-300))
+    p_slow = stats.norm.sf((u_stat - mean - 0.5) / std)
+    p_fast = stats.norm.sf((mean - u_stat - 0.5) / std)
     adj = holm(np.concatenate([p_slow, p_fast]))
-    p_slow_adj, p_fast_adj = adj[:n], adj[n:]
+    p_slow_adj, p_fast_adj = adj[:num_ranks], adj[num_ranks:]
     slow = np.flatnonzero((p_slow_adj < alpha) & (effect > 1.0 + min_effect))
     fast = np.flatnonzero((p_fast_adj < alpha) & (effect < 1.0 / (1.0 + min_effect)))
     return ImbalanceResult(
         raw_p_values=p_slow,
         raw_p_values_fast=p_fast,
         inflation=inflation,
-        z=z,
+        z=z_naive,
         p_values=p_slow_adj,
         p_values_fast=p_fast_adj,
         effect=effect,
@@ -342,38 +344,41 @@ class WindowHistory:
         """
         span = max(1, int(span))
         devs: list[np.ndarray] = []
-        df = 0
+        dof = 0
         start = 0
-        for i in range(1, len(self.plans) + 1):
-            if i < len(self.plans) and self.plans[i] == self.plans[start]:
+        for end in range(1, len(self.plans) + 1):
+            if end < len(self.plans) and self.plans[end] == self.plans[start]:
                 continue
-            seg = np.asarray(self.z[start:i])  # (W, N): one plan's windows
-            start = i
-            w, n = seg.shape
-            if w < span + 1:
+            seg = np.asarray(self.z[start:end])  # (W, N): one plan's windows
+            start = end
+            num_windows, num_ranks = seg.shape
+            if num_windows < span + 1:
                 continue
-            c = np.cumsum(np.vstack([np.zeros(n), seg]), axis=0)
-            sums = (c[span:] - c[:-span]) / math.sqrt(span)  # (W - span + 1, N), overlapping
-            m = sums.shape[0]
+            cumulative = np.cumsum(np.vstack([np.zeros(num_ranks), seg]), axis=0)
+            # (W - span + 1, N), overlapping
+            sums = (cumulative[span:] - cumulative[:-span]) / math.sqrt(span)
+            num_sums = sums.shape[0]
             # centred on each rank's median, scaled so that the deviations' variance is the
-            # sums' variance (the centring removes 1 / m of it)
+            # sums' variance (the centring removes 1 / num_sums of it)
             devs.append(
-                (sums - np.median(sums, axis=0, keepdims=True)).ravel() * math.sqrt(m / (m - 1))
+                (sums - np.median(sums, axis=0, keepdims=True)).ravel()
+                * math.sqrt(num_sums / (num_sums - 1))
             )
-            df += n * max(1, w // span - 1)  # the independent batches behind those sums
-        if df < self.min_df or not devs:
+            # the independent batches behind those sums
+            dof += num_ranks * max(1, num_windows // span - 1)
+        if dof < self.min_df or not devs:
             return 1.0
-        d = np.concatenate(devs)
+        deviations = np.concatenate(devs)
         # A robust scale (median absolute deviation): a rank whose speed changed inside a plan
         # (a straggler starting) is a level shift in a minority of ranks, not noise, and must
         # not inflate the factor for everyone. Its efficiency is about 37% of the variance's.
-        f = float((1.4826 * np.median(np.abs(d))) ** 2)
-        if f <= 0:
+        estimate = float((1.4826 * np.median(np.abs(deviations))) ** 2)
+        if estimate <= 0:
             return 1.0
         if self.confidence > 0:
-            df_eff = max(1.0, 0.37 * df)
-            f *= df_eff / float(stats.chi2.ppf(1.0 - self.confidence, df_eff))
-        return max(1.0, f)
+            dof_eff = max(1.0, 0.37 * dof)
+            estimate *= dof_eff / float(stats.chi2.ppf(1.0 - self.confidence, dof_eff))
+        return max(1.0, estimate)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state."""

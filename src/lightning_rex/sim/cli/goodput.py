@@ -104,27 +104,29 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
         if unsupported:
             raise ValueError(f"{unsupported[0]} is not supported on a workload scenario")
         names = _names(args)
-        hb = hindsight_batch(scen)[0] if "hindsight" in names else None
-    except ValueError as e:
-        print(f"simulate: {e}", file=sys.stderr)
+        best_fixed = hindsight_batch(scen)[0] if "hindsight" in names else None
+    except ValueError as err:
+        print(f"simulate: {err}", file=sys.stderr)
         return 2
     seeds = [args.seed] if args.seeds is None else list(args.seeds)
     bar = progress_bar(len(seeds) * len(names), args)
     per: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    for s in seeds:
-        for n in names:
-            bar.set_postfix_str(f"seed {s}, {n}")
-            per[n].append(run_goodput(scen, n, s, hindsight=hb).to_dict())
+    for seed in seeds:
+        for policy_name in names:
+            bar.set_postfix_str(f"seed {seed}, {policy_name}")
+            per[policy_name].append(
+                run_goodput(scen, policy_name, seed, hindsight=best_fixed).to_dict()
+            )
             bar.update(1)
     bar.close()
     head = (
         f"scenario {scen.name}, {scen.world_size} ranks, global batch {scen.global_batch} at "
-        f"the start, hindsight-best fixed batch {hb}"
+        f"the start, hindsight-best fixed batch {best_fixed}"
     )
     if args.seeds is None:
         res = {n: rs[0] for n, rs in per.items()}
         if args.json:
-            out = {"scenario": scen.name, "seed": args.seed, "hindsight_batch": hb}
+            out = {"scenario": scen.name, "seed": args.seed, "hindsight_batch": best_fixed}
             print(json.dumps({**out, "policies": res}))
         else:
             print(f"{head}, seed {args.seed}")
@@ -132,19 +134,25 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
         return 0
     agg = {n: aggregate_goodput(rs) for n, rs in per.items()}
     if "rex" in per:  # rex's time over each policy's, paired by seed (runs that all reached)
-        for n, rs in per.items():
+        for policy_name, results in per.items():
             pairs = [
                 (a["time_to_target_s"], b["time_to_target_s"])
-                for a, b in zip(per["rex"], rs)
+                for a, b in zip(per["rex"], results)
                 if a["reached"] and b["reached"]
             ]
             if pairs:
-                r = paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
-                agg[n]["rex_time_ratio"], agg[n]["rex_time_ratio_ci95"] = r[0], [r[1], r[2]]
+                ratio = paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+                agg[policy_name]["rex_time_ratio"], agg[policy_name]["rex_time_ratio_ci95"] = (
+                    ratio[0],
+                    [ratio[1], ratio[2]],
+                )
             else:
-                agg[n]["rex_time_ratio"], agg[n]["rex_time_ratio_ci95"] = None, [None, None]
+                agg[policy_name]["rex_time_ratio"], agg[policy_name]["rex_time_ratio_ci95"] = (
+                    None,
+                    [None, None],
+                )
     if args.json:
-        out = {"scenario": scen.name, "seeds": seeds, "hindsight_batch": hb}
+        out = {"scenario": scen.name, "seeds": seeds, "hindsight_batch": best_fixed}
         print(json.dumps({**out, "policies": agg}))
     else:
         print(f"{head}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})")

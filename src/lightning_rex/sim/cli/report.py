@@ -31,17 +31,19 @@ def paired_ratio(
     Raises:
         ValueError: If the lengths differ or a figure is not positive.
     """
-    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if x.shape != y.shape or x.size == 0:
-        raise ValueError(f"paired figures need equal, non-zero lengths, got {x.size} and {y.size}")
-    if not (np.all(x > 0) and np.all(y > 0)):
+    first, second = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if first.shape != second.shape or first.size == 0:
+        raise ValueError(
+            f"paired figures need equal, non-zero lengths, got {first.size} and {second.size}"
+        )
+    if not (np.all(first > 0) and np.all(second > 0)):
         raise ValueError("paired ratios need positive figures")
-    d = np.log(x / y)
-    m = float(d.mean())
-    if d.size < 2:
-        return math.exp(m), None, None
-    half = float(stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
-    return math.exp(m), math.exp(m - half), math.exp(m + half)
+    logs = np.log(first / second)
+    mean_log = float(logs.mean())
+    if logs.size < 2:
+        return math.exp(mean_log), None, None
+    half = float(stats.t.ppf(0.975, logs.size - 1) * logs.std(ddof=1) / math.sqrt(logs.size))
+    return math.exp(mean_log), math.exp(mean_log - half), math.exp(mean_log + half)
 
 
 def mean_interval(x: Sequence[float]) -> tuple[float, float | None]:
@@ -53,11 +55,11 @@ def mean_interval(x: Sequence[float]) -> tuple[float, float | None]:
     Returns:
         ``(mean, half-width)``; the half-width is None for a single seed.
     """
-    a = np.asarray(x, dtype=np.float64)
-    if a.size < 2:
-        return float(a.mean()), None
-    return float(a.mean()), float(
-        stats.t.ppf(0.975, a.size - 1) * a.std(ddof=1) / math.sqrt(a.size)
+    values = np.asarray(x, dtype=np.float64)
+    if values.size < 2:
+        return float(values.mean()), None
+    return float(values.mean()), float(
+        stats.t.ppf(0.975, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size)
     )
 
 

@@ -57,72 +57,72 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The sub-parser, with ``func`` set to :func:`main`.
     """
-    p = subparsers.add_parser(
+    parser = subparsers.add_parser(
         "simulate",
         help="run rescaling policies on a simulated cluster",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--scenario", required=True, help="a preset name or a .json/.yaml file")
-    p.add_argument(
+    parser.add_argument("--scenario", required=True, help="a preset name or a .json/.yaml file")
+    parser.add_argument(
         "--policy",
         default="rex",
         choices=POLICIES + BATCH_POLICIES,
         help="policy for a single run (fixed, hindsight, pollux, pollux-split, adaptive-oracle:"
         " workload scenarios only)",
     )
-    p.add_argument("--compare", default=None, help="comma-separated policies to compare")
-    p.add_argument("--seed", type=_seed, default=0, help="noise seed (default 0)")
-    p.add_argument(
+    parser.add_argument("--compare", default=None, help="comma-separated policies to compare")
+    parser.add_argument("--seed", type=_seed, default=0, help="noise seed (default 0)")
+    parser.add_argument(
         "--seeds", type=_seeds, default=None, help="a seed set 'A-B' (inclusive): aggregates"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument(
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument(
         "--wide",
         action="store_true",
         help="print every metric (the default table fits 100 columns)",
     )
-    p.add_argument("--cv", type=float, default=None, help="override the noise CV")
-    p.add_argument("--ar1", type=float, default=None, help="override the noise AR(1)")
-    p.add_argument("--steps", type=int, default=None, help="override the run length")
-    p.add_argument(
+    parser.add_argument("--cv", type=float, default=None, help="override the noise CV")
+    parser.add_argument("--ar1", type=float, default=None, help="override the noise AR(1)")
+    parser.add_argument("--steps", type=int, default=None, help="override the run length")
+    parser.add_argument(
         "--shape-change-s",
         type=float,
         default=None,
         help="override the seconds a new micro-batch shape costs (0: free)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--warmup", type=int, default=None, help="override the loop's warm-up steps (default 1)"
     )
-    p.add_argument(
+    parser.add_argument(
         "--max-warmup",
         type=int,
         default=None,
         help="override the most steps the warm-up lasts while steps get faster (default 200)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--decision-lag",
         type=int,
         default=None,
         help="override the steps from a gather to its decision (default: half the steps between"
         " gathers, window // 2 for peers, window // 6 for rex's three looks per window)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--prior",
         default=None,
         metavar="SOURCE",
         help="rex's first plan from a prior, as RexCallback(prior=...): a decision log (a"
         " trace's seed<k>.jsonl), a run directory or a profile_curve.py JSON",
     )
-    p.add_argument(
+    parser.add_argument(
         "--trace",
         default=None,
         metavar="DIR",
         help="write each run's window records to DIR/<scenario>/<policy>/seed<k>.jsonl and the"
         " seed aggregates to DIR/summary.json (input of 'report')",
     )
-    p.set_defaults(func=main)
-    return p
+    parser.set_defaults(func=main)
+    return parser
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
@@ -166,25 +166,25 @@ _MAX_SEEDS = 10_000
 def _seed(text: str) -> int:
     """A noise seed from the command line: an integer in ``[0, 2**32)``."""
     try:
-        v = int(text)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a seed is an integer >= 0, got {text!r}") from None
-    if not 0 <= v <= _MAX_SEED:
-        raise argparse.ArgumentTypeError(f"a seed is in [0, {_MAX_SEED}], got {v}")
-    return v
+    if not 0 <= value <= _MAX_SEED:
+        raise argparse.ArgumentTypeError(f"a seed is in [0, {_MAX_SEED}], got {value}")
+    return value
 
 
 def _seeds(spec: str) -> list[int]:
     """A seed set: ``A-B`` (inclusive, ``A <= B``) or ``a,b,c``."""
     text = spec.strip()
     if "-" in text[1:]:  # a range (a leading "-" is a negative seed, refused by _seed)
-        i = text.index("-", 1)
-        a, b = _seed(text[:i].strip()), _seed(text[i + 1 :].strip())
-        if b < a:
+        dash = text.index("-", 1)
+        first, last = _seed(text[:dash].strip()), _seed(text[dash + 1 :].strip())
+        if last < first:
             raise argparse.ArgumentTypeError(f"a seed range A-B needs A <= B, got {spec!r}")
-        if b - a + 1 > _MAX_SEEDS:
+        if last - first + 1 > _MAX_SEEDS:
             raise argparse.ArgumentTypeError(f"at most {_MAX_SEEDS:,} seeds, got {spec!r}")
-        return list(range(a, b + 1))
+        return list(range(first, last + 1))
     seeds = [_seed(x.strip()) for x in text.split(",")]
     if len(seeds) > _MAX_SEEDS:
         raise argparse.ArgumentTypeError(f"at most {_MAX_SEEDS:,} seeds, got {len(seeds):,}")
@@ -247,8 +247,8 @@ def main(args: argparse.Namespace) -> int:
             scen = with_steps(scen, args.steps)
         if args.shape_change_s is not None:
             scen = with_shape_change(scen, args.shape_change_s)
-    except ScenarioError as e:
-        print(f"simulate: {e}", file=sys.stderr)
+    except ScenarioError as err:
+        print(f"simulate: {err}", file=sys.stderr)
         return 2
     if scen.workload is not None:
         from lightning_rex.sim.cli.goodput import main_goodput
@@ -256,23 +256,23 @@ def main(args: argparse.Namespace) -> int:
         return main_goodput(args, scen, _table)
     try:
         names = _policies(args)
-    except ValueError as e:
-        print(f"simulate: {e}", file=sys.stderr)
+    except ValueError as err:
+        print(f"simulate: {err}", file=sys.stderr)
         return 2
     # each policy's loop: the scenario's window, the policy's looks, the overrides
     loops: dict[str, LoopConfig] = {}
     try:
-        for n in names:
-            pol = make_policy(n, scen)
-            loops[n] = default_loop(
+        for policy_name in names:
+            pol = make_policy(policy_name, scen)
+            loops[policy_name] = default_loop(
                 scen,
                 pol,
                 warmup=args.warmup,
                 decision_lag=args.decision_lag,
                 max_warmup=args.max_warmup,
             )
-    except ValueError as e:
-        print(f"simulate: {e}", file=sys.stderr)
+    except ValueError as err:
+        print(f"simulate: {err}", file=sys.stderr)
         return 2
     prior = None
     if args.prior is not None:
@@ -281,8 +281,8 @@ def main(args: argparse.Namespace) -> int:
 
         try:
             prior = load_prior(args.prior)
-        except ValueError as e:
-            print(f"simulate: {e}", file=sys.stderr)
+        except ValueError as err:
+            print(f"simulate: {err}", file=sys.stderr)
             return 2
 
     def policy(n: str) -> Any:  # a fresh policy object for rex with a prior, else the name
@@ -292,8 +292,8 @@ def main(args: argparse.Namespace) -> int:
         try:  # before any run: a trace that cannot be written should not cost a simulation
             Path(args.trace).mkdir(parents=True, exist_ok=True)
             read_summary(args.trace)
-        except (OSError, ValueError) as e:
-            print(f"simulate: cannot write the trace to {args.trace}: {e}", file=sys.stderr)
+        except (OSError, ValueError) as err:
+            print(f"simulate: cannot write the trace to {args.trace}: {err}", file=sys.stderr)
             return 2
 
     seeds_run = [args.seed] if args.seeds is None else list(args.seeds)
@@ -353,8 +353,8 @@ def main(args: argparse.Namespace) -> int:
     per: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for seed in seeds:
         oracle = simulate(scen, OraclePolicy(scen), seed)
-        for n in names:
-            per[n].append(one(n, seed, oracle))
+        for policy_name in names:
+            per[policy_name].append(one(policy_name, seed, oracle))
     bar.close()
     if args.trace is not None:
         path = write_summary(args.trace, scen, seeds, per)
@@ -363,9 +363,12 @@ def main(args: argparse.Namespace) -> int:
     best: dict[str, Any] | None = None
     if "rex" in per:  # each policy against rex, paired by seed
         rex = [r["efficiency"] for r in per["rex"]]
-        for n, rs in per.items():
-            ratio = paired_ratio([r["efficiency"] for r in rs], rex)
-            agg[n]["vs_rex"], agg[n]["vs_rex_ci95"] = ratio[0], [ratio[1], ratio[2]]
+        for policy_name, results in per.items():
+            ratio = paired_ratio([r["efficiency"] for r in results], rex)
+            agg[policy_name]["vs_rex"], agg[policy_name]["vs_rex_ci95"] = (
+                ratio[0],
+                [ratio[1], ratio[2]],
+            )
         best = best_peer(per)
     out: dict[str, Any] = {"scenario": scen.name, "seeds": seeds, "policies": agg}
     if best is not None:
@@ -383,14 +386,14 @@ def main(args: argparse.Namespace) -> int:
         cols = list(next(iter(agg.values())).keys())
         print(_table(agg, cols if args.wide else [c for c in _SEEDS if c in cols]))
         if best is not None:
-            lo, hi = best["ci95"]
-            ci = "" if lo is None else f" [{lo:.3f}, {hi:.3f}] (95%, paired by seed)"
-            print(f"rex / best peer ({best['peer']}): {best['ratio']:.3f}{ci}")
+            low, high = best["ci95"]
+            ci_text = "" if low is None else f" [{low:.3f}, {high:.3f}] (95%, paired by seed)"
+            print(f"rex / best peer ({best['peer']}): {best['ratio']:.3f}{ci_text}")
         if memory is not None:
             print(f"pass caps (samples per pass, memory): {_fmt(memory['pass_caps'])}")
-            for n, (ratio, lo, hi) in memory["rex_over"].items():
-                ci = "" if lo is None else f" [{lo:.3f}, {hi:.3f}]"
-                print(f"rex / {n}: {ratio:.3f}{ci} (throughput, paired by seed)")
+            for policy_name, (ratio, low, high) in memory["rex_over"].items():
+                ci_text = "" if low is None else f" [{low:.3f}, {high:.3f}]"
+                print(f"rex / {policy_name}: {ratio:.3f}{ci_text} (throughput, paired by seed)")
     return 0
 
 

@@ -89,17 +89,17 @@ def window_limits(
         None where no chunk overlaps the window.
     """
     out: list[float | None] = []
-    for r in records:
-        start, end = (int(x) for x in r["window"])
+    for record in records:
+        start, end = (int(x) for x in record["window"])
         total = weight = 0.0
-        for c in range(start // window, (max(end, start + 1) - 1) // window + 1):
-            if c >= len(chunk_step_s):
+        for chunk in range(start // window, (max(end, start + 1) - 1) // window + 1):
+            if chunk >= len(chunk_step_s):
                 break
-            overlap = min(end, (c + 1) * window) - max(start, c * window)
-            total += overlap * float(chunk_step_s[c])
+            overlap = min(end, (chunk + 1) * window) - max(start, chunk * window)
+            total += overlap * float(chunk_step_s[chunk])
             weight += overlap
-        ok = weight > 0 and total > 0
-        out.append(sum(r["plan"]) * weight / total if ok else None)
+        covered = weight > 0 and total > 0
+        out.append(sum(record["plan"]) * weight / total if covered else None)
     return out
 
 
@@ -130,9 +130,9 @@ def write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
         records: The records.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        for r in records:
-            fh.write(json.dumps(r) + "\n")
+    with path.open("w") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
 
 
 def read_summary(directory: str | Path) -> dict[str, Any]:
@@ -153,8 +153,8 @@ def read_summary(directory: str | Path) -> dict[str, Any]:
         return {"scenarios": {}}
     try:
         old = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} exists but is not a trace summary ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} exists but is not a trace summary ({error})") from None
     if not (isinstance(old, dict) and isinstance(old.get("scenarios"), dict)):
         raise ValueError(f"{path} exists but is not a trace summary")
     return old
@@ -182,18 +182,18 @@ def write_summary(
     """
     root = Path(directory)
     policies: dict[str, Any] = {}
-    for name, rs in results.items():
-        eff = [float(r["efficiency"]) for r in rs]
-        gmean, lo, hi = paired_ratio(eff, [1.0] * len(eff))
+    for name, runs in results.items():
+        eff = [float(r["efficiency"]) for r in runs]
+        gmean, low, high = paired_ratio(eff, [1.0] * len(eff))
         mean, half = mean_interval(eff)
         policies[name] = {
             "efficiency": eff,
-            "limit_samples_per_s": [float(r["limit_throughput"]) for r in rs],
+            "limit_samples_per_s": [float(r["limit_throughput"]) for r in runs],
             "eff_mean": mean,
             "eff_mean_ci95": None if half is None else [mean - half, mean + half],
             "eff_gmean": gmean,
-            "eff_ci95": None if lo is None else [lo, hi],
-            "aggregate": aggregate(rs, scenario.steps),
+            "eff_ci95": None if low is None else [low, high],
+            "aggregate": aggregate(runs, scenario.steps),
         }
     summary = {
         "steps": scenario.steps,

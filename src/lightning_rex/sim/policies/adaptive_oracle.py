@@ -71,12 +71,12 @@ class AdaptiveOraclePolicy(PolicyBase):
             info: The run (its ``global_batch`` is ``B0``).
         """
         self.info = info
-        s, w = self.scenario, self.workload
-        lo, hi = w.batch_range
-        grid = np.geomspace(lo, hi, self.grid).round().astype(np.int64)
+        scenario, workload = self.scenario, self.workload
+        low, high = workload.batch_range
+        grid = np.geomspace(low, high, self.grid).round().astype(np.int64)
         self.batches = np.unique(np.r_[grid, info.global_batch])
-        self.plans: list[Plan] = [oracle_plan(s, int(b)) for b in self.batches]
-        self.step_s = oracle_step_s(s, self.plans)
+        self.plans: list[Plan] = [oracle_plan(scenario, int(b)) for b in self.batches]
+        self.step_s = oracle_step_s(scenario, self.plans)
         self.progress = 0.0
         self.rollbacks = 0
         self.current = self._best()
@@ -92,8 +92,8 @@ class AdaptiveOraclePolicy(PolicyBase):
             Shape ``(len(batches),)``.
         """
         phi = self.workload.noise_scale(progress)
-        b = self.batches.astype(np.float64)
-        return b * (phi + self.workload.b0) / (phi + b) / self.step_s
+        batches = self.batches.astype(np.float64)
+        return batches * (phi + self.workload.b0) / (phi + batches) / self.step_s
 
     def _best(self) -> int:
         return int(np.argmax(self.goodput(self.progress)))

@@ -77,20 +77,22 @@ def fit_plan(sizes: np.ndarray, info: PolicyInfo) -> Plan:
     Returns:
         The nearest feasible plan (largest remainder, then :func:`repair_plan`).
     """
-    lo, hi = _bounds(info)
+    low, high = _bounds(info)
     want = np.asarray(sizes, dtype=np.float64)
-    s = want / want.sum() * info.global_batch
+    shares = want / want.sum() * info.global_batch
     for _ in range(info.world_size):  # clip to the caps, re-share the excess in proportion
-        c = np.clip(s, lo, hi)
-        excess = info.global_batch - c.sum()
-        free = (c < hi) & (c > lo) if excess > 0 else (c > lo)
+        clipped = np.clip(shares, low, high)
+        excess = info.global_batch - clipped.sum()
+        free = (clipped < high) & (clipped > low) if excess > 0 else (clipped > low)
         if abs(excess) < 1e-9 or not free.any():
-            s = c
+            shares = clipped
             break
-        c[free] += excess * c[free] / c[free].sum()
-        s = c
-    plan = np.asarray(round_fractions(list(s / s.sum()), info.global_batch, info.min_size))
-    return tuple(int(b) for b in repair_plan(plan, info.global_batch, lo, hi))
+        clipped[free] += excess * clipped[free] / clipped[free].sum()
+        shares = clipped
+    plan = np.asarray(
+        round_fractions(list(shares / shares.sum()), info.global_batch, info.min_size)
+    )
+    return tuple(int(b) for b in repair_plan(plan, info.global_batch, low, high))
 
 
 class EvenPolicy(PolicyBase):
@@ -127,17 +129,19 @@ class StaticPolicy(PolicyBase):
             return None
         self.points.append((np.asarray(window.plan, dtype=np.float64), window.medians.copy()))
         if len(self.points) == 1:
-            b, t = self.points[0]
-            return fit_plan(b / t, self.info)
-        (b0, t0), (b1, t1) = self.points
+            sizes, times = self.points[0]
+            return fit_plan(sizes / times, self.info)
+        (sizes0, times0), (sizes1, times1) = self.points
         # Two sizes identify an affine time only when they differ enough; otherwise (and for a
         # non-positive slope) fall back to the proportional model through the last point.
-        moved = np.abs(b1 - b0) >= np.maximum(2.0, 0.1 * b0)
-        slope = np.where(moved, (t1 - t0) / np.where(moved, b1 - b0, 1.0), t1 / b1)
-        slope = np.where(slope > 0, slope, t1 / b1)
-        over = np.maximum(t1 - slope * b1, 0.0)
-        lo, hi = _bounds(self.info)
-        return affine_plan(over, slope, self.info.global_batch, lo, hi)
+        moved = np.abs(sizes1 - sizes0) >= np.maximum(2.0, 0.1 * sizes0)
+        slope = np.where(
+            moved, (times1 - times0) / np.where(moved, sizes1 - sizes0, 1.0), times1 / sizes1
+        )
+        slope = np.where(slope > 0, slope, times1 / sizes1)
+        over = np.maximum(times1 - slope * sizes1, 0.0)
+        low, high = _bounds(self.info)
+        return affine_plan(over, slope, self.info.global_batch, low, high)
 
 
 class ProportionalPolicy(PolicyBase):
@@ -253,8 +257,8 @@ class RexPolicy(PolicyBase):
         )
         if info.batch_range is not None and settings.global_batch is None:
             # a workload scenario's batch range: global batch scaling with its defaults
-            lo, hi = info.batch_range
-            settings = replace(settings, global_batch=GlobalBatchScaling(lo, hi))
+            low, high = info.batch_range
+            settings = replace(settings, global_batch=GlobalBatchScaling(low, high))
         bounds = SizeBounds(info.min_size).with_caps(info.max_sizes)
         self.start_plan = None
         if self.prior is not None:  # the plan training's driver computes from the prior
@@ -319,15 +323,15 @@ class OraclePolicy(PolicyBase):
 
     def plan_at(self, step: int) -> Plan:
         """The minimax plan for the noise-free curves in force at ``step``."""
-        f = self.scenario.factors(step)
-        key = tuple(float(x) for x in f)
+        factors = self.scenario.factors(step)
+        key = tuple(float(x) for x in factors)
         if key not in self._cache:
-            lo, hi = _bounds(self.info)
+            low, high = _bounds(self.info)
 
             def times_at(sizes: np.ndarray) -> np.ndarray:
                 return self.scenario.time_table(sizes, step)
 
-            self._cache[key] = minimax_plan(times_at, self.info.global_batch, lo, hi)
+            self._cache[key] = minimax_plan(times_at, self.info.global_batch, low, high)
         return self._cache[key]
 
     def observe(self, window: Window) -> Plan | None:
@@ -345,16 +349,16 @@ def oracle_plan(scenario: Scenario, batch: int) -> Plan:
     Returns:
         :class:`OraclePolicy`'s plan for ``batch`` at step 0.
     """
-    s = scenario
-    oracle = OraclePolicy(s)
+    scen = scenario
+    oracle = OraclePolicy(scen)
     oracle.reset(
         PolicyInfo(
             batch,
-            s.world_size,
-            s.window,
-            s.min_size,
-            tuple(s.max_sizes),
-            even_plan(batch, s.world_size),
+            scen.world_size,
+            scen.window,
+            scen.min_size,
+            tuple(scen.max_sizes),
+            even_plan(batch, scen.world_size),
             0,
         )
     )

@@ -48,8 +48,8 @@ def lbb_imbalance(times: np.ndarray) -> float:
     Returns:
         The relative spread (0.0 when the mean is not positive).
     """
-    t = np.asarray(times, dtype=np.float64)
-    return float(np.ptp(t) / t.mean()) if t.mean() > 0 else 0.0
+    values = np.asarray(times, dtype=np.float64)
+    return float(np.ptp(values) / values.mean()) if values.mean() > 0 else 0.0
 
 
 def lbb_step(lv: float, quiet: int, window: int = 30) -> tuple[LBBAction, int]:
@@ -94,12 +94,12 @@ def lbb_move(plan: np.ndarray, times: np.ndarray, lo: np.ndarray, hi: np.ndarray
     Returns:
         The new sizes (a copy; unchanged when the move is skipped).
     """
-    b = np.array(plan, dtype=np.int64)
+    sizes = np.array(plan, dtype=np.int64)
     slow, fast = int(np.argmax(times)), int(np.argmin(times))
-    if slow != fast and b[slow] > lo[slow] and b[fast] < hi[fast]:
-        b[slow] -= 1
-        b[fast] += 1
-    return b
+    if slow != fast and sizes[slow] > lo[slow] and sizes[fast] < hi[fast]:
+        sizes[slow] -= 1
+        sizes[fast] += 1
+    return sizes
 
 
 def lbb_profile_sizes(
@@ -134,9 +134,9 @@ def lbb_trimmed_mean(values: np.ndarray) -> float:
     Returns:
         The trimmed mean.
     """
-    v = np.sort(np.asarray(values, dtype=np.float64))
-    k = len(v) // 3
-    return float(v[k : len(v) - k].mean())
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    cut = len(ordered) // 3
+    return float(ordered[cut : len(ordered) - cut].mean())
 
 
 def lbb_fit(sizes: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -151,12 +151,14 @@ def lbb_fit(sizes: np.ndarray, times: np.ndarray) -> np.ndarray:
     Returns:
         Coefficients in increasing order, shape ``(N, 4)``: ``t = c0 + c1 b + c2 b^2 + c3 b^3``.
     """
-    s, t = np.asarray(sizes, dtype=np.float64), np.asarray(times, dtype=np.float64)
-    coeffs = np.zeros((s.shape[1], 4))
-    for r in range(s.shape[1]):
-        xs = np.unique(s[:, r])
-        ys = [lbb_trimmed_mean(t[s[:, r] == x, r]) for x in xs]
-        coeffs[r, : min(4, len(xs))] = _poly.polyfit(xs, ys, min(3, len(xs) - 1))
+    size_arr, time_arr = np.asarray(sizes, dtype=np.float64), np.asarray(times, dtype=np.float64)
+    coeffs = np.zeros((size_arr.shape[1], 4))
+    for rank in range(size_arr.shape[1]):
+        distinct = np.unique(size_arr[:, rank])
+        means = [lbb_trimmed_mean(time_arr[size_arr[:, rank] == x, rank]) for x in distinct]
+        coeffs[rank, : min(4, len(distinct))] = _poly.polyfit(
+            distinct, means, min(3, len(distinct) - 1)
+        )
     return coeffs
 
 
@@ -176,11 +178,11 @@ def lbb_online_model(coeffs: np.ndarray | None, plan: np.ndarray, times: np.ndar
     Returns:
         Line coefficients ``(s_r, 1 / v_r)``, shape ``(N, 2)``.
     """
-    b, t = np.asarray(plan, dtype=np.float64), np.asarray(times, dtype=np.float64)
-    start = np.zeros_like(t) if coeffs is None else _poly.polyval(0.01, np.asarray(coeffs).T)
-    slope = (t - start) / b
+    sizes, seconds = np.asarray(plan, dtype=np.float64), np.asarray(times, dtype=np.float64)
+    start = np.zeros_like(seconds) if coeffs is None else _poly.polyval(0.01, np.asarray(coeffs).T)
+    slope = (seconds - start) / sizes
     bad = ~(slope > 0)
-    slope[bad], start[bad] = t[bad] / b[bad], 0.0
+    slope[bad], start[bad] = seconds[bad] / sizes[bad], 0.0
     return np.stack([start, slope], axis=1)
 
 
@@ -202,39 +204,46 @@ def lbb_solve(coeffs: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) ->
     Returns:
         The plan.
     """
-    c = np.asarray(coeffs, dtype=np.float64)
-    n = c.shape[0]
-    dc = np.stack([_poly.polyder(ci) for ci in c])
-    ref = float(np.mean(np.abs(_poly.polyval(total / n, c.T))))
-    k = 1.0 / ref if ref > 0 else 1.0
+    coef = np.asarray(coeffs, dtype=np.float64)
+    n_ranks = coef.shape[0]
+    dcoef = np.stack([_poly.polyder(ci) for ci in coef])
+    ref = float(np.mean(np.abs(_poly.polyval(total / n_ranks, coef.T))))
+    norm = 1.0 / ref if ref > 0 else 1.0
 
     def t(b: np.ndarray) -> np.ndarray:
-        return np.asarray(_poly.polyval(b, c.T, tensor=False)) * k
+        return np.asarray(_poly.polyval(b, coef.T, tensor=False)) * norm
 
     def jac(z: np.ndarray) -> np.ndarray:
-        d = np.diag(np.asarray(_poly.polyval(z[:n], dc.T, tensor=False)) * k)
-        one, zero = np.ones((n, 1)), np.zeros((n, 1))
-        return np.block([[-d, one, zero], [d, zero, -one]])
+        diagonal = np.diag(np.asarray(_poly.polyval(z[:n_ranks], dcoef.T, tensor=False)) * norm)
+        one, zero = np.ones((n_ranks, 1)), np.zeros((n_ranks, 1))
+        return np.block([[-diagonal, one, zero], [diagonal, zero, -one]])
 
-    grad, a_eq = np.r_[np.zeros(n), 1.0, -1.0], np.r_[np.ones(n), 0.0, 0.0][None, :]
-    x0 = np.clip(np.full(n, 2.0), lo, hi).astype(np.float64)
+    grad, a_eq = np.r_[np.zeros(n_ranks), 1.0, -1.0], np.r_[np.ones(n_ranks), 0.0, 0.0][None, :]
+    start = np.clip(np.full(n_ranks, 2.0), lo, hi).astype(np.float64)
     bounds = [(float(a), float(b)) for a, b in zip(lo, hi)] + [(None, None)] * 2
-    eq = {"type": "eq", "fun": lambda z: np.r_[z[:n].sum() - total], "jac": lambda z: a_eq}
-    ineq = {"type": "ineq", "fun": lambda z: np.r_[z[n] - t(z[:n]), t(z[:n]) - z[n + 1]]}
+    equality = {
+        "type": "eq",
+        "fun": lambda z: np.r_[z[:n_ranks].sum() - total],
+        "jac": lambda z: a_eq,
+    }
+    ineq = {
+        "type": "ineq",
+        "fun": lambda z: np.r_[z[n_ranks] - t(z[:n_ranks]), t(z[:n_ranks]) - z[n_ranks + 1]],
+    }
     res = minimize(
-        lambda z: z[n] - z[n + 1],
-        np.r_[x0, t(x0).max(), t(x0).min()],
+        lambda z: z[n_ranks] - z[n_ranks + 1],
+        np.r_[start, t(start).max(), t(start).min()],
         jac=lambda z: grad,
         method="SLSQP",
         bounds=bounds,
-        constraints=[eq, {**ineq, "jac": jac}],
+        constraints=[equality, {**ineq, "jac": jac}],
         options={"ftol": 1e-9, "maxiter": 500},
     )
-    x = np.clip(np.nan_to_num(res.x[:n]), lo, hi)
-    b = np.floor(x).astype(np.int64)
-    extra = max(0, min(total - int(b.sum()), n))
-    b[np.argsort(b - x, kind="stable")[:extra]] += 1
-    return tuple(int(v) for v in repair_plan(b, total, lo, hi))
+    relaxed = np.clip(np.nan_to_num(res.x[:n_ranks]), lo, hi)
+    sizes = np.floor(relaxed).astype(np.int64)
+    extra = max(0, min(total - int(sizes.sum()), n_ranks))
+    sizes[np.argsort(sizes - relaxed, kind="stable")[:extra]] += 1
+    return tuple(int(v) for v in repair_plan(sizes, total, lo, hi))
 
 
 class LBBPolicy(StepPolicy):
@@ -294,15 +303,15 @@ class LBBPolicy(StepPolicy):
         Returns:
             The plan for ``step + 1``, or None to keep ``plan``.
         """
-        t, b = np.asarray(times, dtype=np.float64), np.asarray(plan, dtype=np.int64)
-        action, self.quiet = lbb_step(lbb_imbalance(t), self.quiet, window=self.window)
+        step_times, sizes = np.asarray(times, dtype=np.float64), np.asarray(plan, dtype=np.int64)
+        action, self.quiet = lbb_step(lbb_imbalance(step_times), self.quiet, window=self.window)
         self.last_action = action
         if action == "move":
-            new = tuple(int(x) for x in lbb_move(b, t, self.lo, self.hi))
+            new = tuple(int(x) for x in lbb_move(sizes, step_times, self.lo, self.hi))
             self.moves += new != tuple(plan)
         elif action == "resolve":
             self.resolves += 1
-            model = lbb_online_model(self.coeffs, b, t)
+            model = lbb_online_model(self.coeffs, sizes, step_times)
             new = lbb_solve(model, self.info.global_batch, self.lo, self.hi)
         else:
             return None

@@ -44,9 +44,9 @@ def omnilearn_adjust(
     b, t = np.asarray(sizes, dtype=np.float64), np.asarray(times, dtype=np.float64)
     t_bar = float(t.mean())
     proposal = np.where(np.abs(t - t_bar) >= threshold * t_bar, b * t_bar / t, b)
-    a = np.ceil(np.clip(proposal, lo, hi)).astype(np.int64)
-    k = int(a.sum()) - int(total)
-    return a - k // len(a)  # == ceil(a - k / N), in exact integer arithmetic
+    rounded = np.ceil(np.clip(proposal, lo, hi)).astype(np.int64)
+    k = int(rounded.sum()) - int(total)
+    return rounded - k // len(rounded)  # == ceil(rounded - k / N), in exact integer arithmetic
 
 
 class OmniLearnPolicy(StepPolicy):
@@ -96,8 +96,10 @@ class OmniLearnPolicy(StepPolicy):
         self._sum, self._count = np.zeros_like(mean), 0
         if not np.all(mean > 0):
             return None
-        b = np.asarray(plan, dtype=np.int64)
-        raw = omnilearn_adjust(b, mean, self.info.global_batch, self.lo, self.hi, self.threshold)
+        sizes = np.asarray(plan, dtype=np.int64)
+        raw = omnilearn_adjust(
+            sizes, mean, self.info.global_batch, self.lo, self.hi, self.threshold
+        )
         fixed = repair_plan(raw, self.info.global_batch, self.lo, self.hi)
         self.last_raw, self.repairs = raw, self.repairs + (not np.array_equal(fixed, raw))
         new = tuple(int(x) for x in fixed)

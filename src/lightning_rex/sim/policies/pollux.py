@@ -99,10 +99,10 @@ class Throughput:
         Returns:
             Seconds per iteration, the shape of ``m``.
         """
-        tg = self.grad_time(m)
-        g = self.gamma
-        both = (tg**g + self.t_sync**g) ** (1.0 / g)
-        return np.asarray(s, dtype=np.float64) * tg + both
+        t_grad = self.grad_time(m)
+        gamma = self.gamma
+        both = (t_grad**gamma + self.t_sync**gamma) ** (1.0 / gamma)
+        return np.asarray(s, dtype=np.float64) * t_grad + both
 
 
 def fit_grad_time(m: np.ndarray, t: np.ndarray, count: np.ndarray) -> tuple[float, float]:
@@ -116,17 +116,17 @@ def fit_grad_time(m: np.ndarray, t: np.ndarray, count: np.ndarray) -> tuple[floa
     Returns:
         ``(alpha, beta)``, both >= 0; with one size, half of its time each (our start).
     """
-    m, t, w = (np.asarray(x, dtype=np.float64) for x in (m, t, count))
-    if m.size == 1:  # under-determined: half fixed, half per sample (module docstring)
-        return float(t[0]) / 2.0, float(t[0]) / (2.0 * float(m[0]))
-    scale = float(t.max())
+    sizes, times, weights = (np.asarray(x, dtype=np.float64) for x in (m, t, count))
+    if sizes.size == 1:  # under-determined: half fixed, half per sample (module docstring)
+        return float(times[0]) / 2.0, float(times[0]) / (2.0 * float(sizes[0]))
+    scale = float(times.max())
 
     def loss(p: np.ndarray) -> float:
-        pred = np.maximum(p[0] + p[1] * m, 1e-12)
-        return float(np.sum(w * (np.log(pred) - np.log(t / scale)) ** 2) / w.sum())
+        pred = np.maximum(p[0] + p[1] * sizes, 1e-12)
+        return float(np.sum(weights * (np.log(pred) - np.log(times / scale)) ** 2) / weights.sum())
 
-    x0 = np.array([0.5 * t.min() / scale, 0.5 * t.min() / scale / m.min()])
-    res = optimize.minimize(loss, x0, bounds=[(0.0, None), (0.0, None)], method="L-BFGS-B")
+    start = np.array([0.5 * times.min() / scale, 0.5 * times.min() / scale / sizes.min()])
+    res = optimize.minimize(loss, start, bounds=[(0.0, None), (0.0, None)], method="L-BFGS-B")
     return float(res.x[0]) * scale, float(res.x[1]) * scale
 
 
@@ -153,18 +153,22 @@ def fit_throughput(
     Returns:
         The fitted :class:`Throughput`.
     """
-    m, tg, ti, w = (np.asarray(x, dtype=np.float64) for x in (m, t_grad, t_iter, count))
-    acc = np.zeros(m.shape) if accumulation is None else np.asarray(accumulation, np.float64)
-    alpha, beta = fit_grad_time(m, tg, w)
-    sync0 = max(float(np.sum(w * (ti - (acc + 1) * tg)) / w.sum()), 0.0)
-    if m.size < 2 or sync0 == 0.0:  # nothing to tell the overlap apart
+    sizes, grad_times, iter_times, weights = (
+        np.asarray(x, dtype=np.float64) for x in (m, t_grad, t_iter, count)
+    )
+    acc = np.zeros(sizes.shape) if accumulation is None else np.asarray(accumulation, np.float64)
+    alpha, beta = fit_grad_time(sizes, grad_times, weights)
+    sync0 = max(float(np.sum(weights * (iter_times - (acc + 1) * grad_times)) / weights.sum()), 0.0)
+    if sizes.size < 2 or sync0 == 0.0:  # nothing to tell the overlap apart
         return Throughput(alpha, beta, sync0, 1.0)
-    scale = float(ti.max())
-    pred_g = (alpha + beta * m) / scale
+    scale = float(iter_times.max())
+    pred_g = (alpha + beta * sizes) / scale
 
     def loss(p: np.ndarray) -> float:
         both = acc * pred_g + (pred_g ** p[1] + p[0] ** p[1]) ** (1.0 / p[1])
-        return float(np.sum(w * (np.log(np.maximum(both, 1e-12)) - np.log(ti / scale)) ** 2))
+        return float(
+            np.sum(weights * (np.log(np.maximum(both, 1e-12)) - np.log(iter_times / scale)) ** 2)
+        )
 
     res = optimize.minimize(
         loss,
@@ -199,16 +203,16 @@ class PolluxPolicy(PolicyBase):
         if info.batch_range is None:
             raise ValueError("the pollux policy needs a batch range (a workload scenario)")
         self.info = info
-        n = info.world_size
-        lo, hi = info.batch_range
+        world_size = info.world_size
+        low, high = info.batch_range
         # soft memory (pass caps): a larger micro-batch accumulates; hard caps bound the batch
         self.caps = tuple(info.pass_caps) if info.pass_caps is not None else None
         hard = [c for c in info.max_sizes if c is not None]
         if hard and self.split is None:  # every replica the same: the smallest cap bounds it
-            hi = min(hi, n * min(hard))
-        elif hard and len(hard) == n:  # split: up to every cap full
-            hi = min(hi, sum(hard))
-        self.batches = np.arange(max(lo, n * info.min_size), hi + 1, n)
+            high = min(high, world_size * min(hard))
+        elif hard and len(hard) == world_size:  # split: up to every cap full
+            high = min(high, sum(hard))
+        self.batches = np.arange(max(low, world_size * info.min_size), high + 1, world_size)
         # measured (slowest compute, iteration) times by global batch
         self._times: dict[int, list[tuple[float, float]]] = {}
         self._g = self._s = self._w = 0.0
@@ -226,8 +230,8 @@ class PolluxPolicy(PolicyBase):
         """The smoothed noise scale, or None before the first estimate."""
         if self._w == 0.0:
             return None
-        g = self._g / self._w
-        return math.inf if g <= 0 else max(0.0, self._s / self._w) / g
+        grad_sqr = self._g / self._w
+        return math.inf if grad_sqr <= 0 else max(0.0, self._s / self._w) / grad_sqr
 
     def observe_gradients(
         self, step: int, weighted_local_sq: float, global_sq: float, plan: Plan
@@ -240,10 +244,10 @@ class PolluxPolicy(PolicyBase):
             global_sq: ``|g|^2``.
             plan: The plan it ran under.
         """
-        g, s = noise_estimates(weighted_local_sq, global_sq, plan)
-        if math.isfinite(g) and math.isfinite(s):
-            self._g = _DECAY * self._g + (1 - _DECAY) * g
-            self._s = _DECAY * self._s + (1 - _DECAY) * s
+        grad_sqr, grad_var = noise_estimates(weighted_local_sq, global_sq, plan)
+        if math.isfinite(grad_sqr) and math.isfinite(grad_var):
+            self._g = _DECAY * self._g + (1 - _DECAY) * grad_sqr
+            self._s = _DECAY * self._s + (1 - _DECAY) * grad_var
             self._w = _DECAY * self._w + (1 - _DECAY)
 
     def observe_step(self, step: int, times: np.ndarray, plan: Plan) -> Plan | None:
@@ -258,9 +262,9 @@ class PolluxPolicy(PolicyBase):
             The plan of the new batch, or None.
         """
         grad = float(np.max(times))
-        t = grad + self.info.comm
-        self._times.setdefault(sum(plan), []).append((grad, t))
-        self._clock += t
+        iter_time = grad + self.info.comm
+        self._times.setdefault(sum(plan), []).append((grad, iter_time))
+        self._clock += iter_time
         if self._clock < self._next:
             return None
         self._next = self._clock + _PERIOD_S
@@ -298,20 +302,20 @@ class PolluxPolicy(PolicyBase):
         phi = self.phi
         if phi is None:
             return None
-        n = self.info.world_size
+        world_size = self.info.world_size
         seen = sorted(self._times)
         rows = [np.asarray(self._times[b]) for b in seen]
         acc = self.accumulation(np.array(seen))
         self.model = fit_throughput(
-            np.array(seen, dtype=np.float64) / (n * (acc + 1)),
+            np.array(seen, dtype=np.float64) / (world_size * (acc + 1)),
             np.array([r[:, 0].mean() for r in rows]) / (acc + 1),
             np.array([r[:, 1].mean() for r in rows]),
             np.array([len(r) for r in rows]),
             acc,
         )
         batch = self.batches
-        s = self.accumulation(batch)
-        time = self.model.iteration_time(batch / (n * (s + 1)), s)
+        accum_steps = self.accumulation(batch)
+        time = self.model.iteration_time(batch / (world_size * (accum_steps + 1)), accum_steps)
         if not math.isfinite(phi):  # all noise: the largest batch
             return int(batch[-1])
         eff = (phi + self.base) / (phi + batch)
@@ -322,9 +326,9 @@ class PolluxPolicy(PolicyBase):
         """The split of ``batch``: ``split``'s, or every replica the same (remainder first)."""
         if self.split is not None:
             return self.split(int(batch))
-        n = self.info.world_size
-        q, r = divmod(int(batch), n)
-        return tuple(q + (1 if i < r else 0) for i in range(n))
+        world_size = self.info.world_size
+        base, remainder = divmod(int(batch), world_size)
+        return tuple(base + (1 if i < remainder else 0) for i in range(world_size))
 
     def observe(self, window: Window) -> Plan | None:
         """Pollux acts at its own period (:meth:`observe_step`), not at windows."""

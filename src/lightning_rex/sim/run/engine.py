@@ -134,10 +134,10 @@ class _Timed:
         self.ms: list[float] = []
 
     def observe(self, window: Window) -> Decision:
-        t0 = time.perf_counter()
-        d = self.decider.observe(window)
-        self.ms.append((time.perf_counter() - t0) * 1e3)
-        return d
+        start = time.perf_counter()
+        decision = self.decider.observe(window)
+        self.ms.append((time.perf_counter() - start) * 1e3)
+        return decision
 
     def decline(self) -> None:
         self.decider.decline()
@@ -249,12 +249,12 @@ def run_loop(
         now = schedule.plan_at(step)
         if now is not plan:
             plan, plan_arr = now, np.asarray(now)
-        t = step_times(step, plan_arr)
-        out[step] = float(t.max()) + comm
+        rank_times = step_times(step, plan_arr)
+        out[step] = float(rank_times.max()) + comm
         clock[0] += out[step]
-        driver.record(step, t)
+        driver.record(step, rank_times)
         if on_step is not None and step + 1 < steps:
-            new = on_step(step, t, plan)
+            new = on_step(step, rank_times, plan)
             if new is not None and tuple(new) != plan:  # through the plan target, as training
                 schedule_agreed(collectives, target, new, step + 1)
         if after_step is not None and after_step(step, plan):
@@ -331,51 +331,50 @@ def simulate(
     Returns:
         The :class:`Trace`.
     """
-    s = scenario
-    n = s.world_size
-    plan = even_plan(s.global_batch, n)
+    world_size = scenario.world_size
+    plan = even_plan(scenario.global_batch, world_size)
     policy = as_policy(policy)
-    loop = loop or default_loop(s, policy)  # its window is the one rex's controller gets
+    loop = loop or default_loop(scenario, policy)  # its window is the one rex's controller gets
     info = PolicyInfo(
-        s.global_batch,
-        n,
-        s.window,
-        s.min_size,
-        tuple(s.max_sizes),
+        scenario.global_batch,
+        world_size,
+        scenario.window,
+        scenario.min_size,
+        tuple(scenario.max_sizes),
         plan,
         int(seed),
-        s.epoch_steps,
-        s.devices,
-        s.shape_change_s,
-        s.shape_cache,
-        pass_caps=None if s.pass_caps is None else tuple(s.pass_caps),
+        scenario.epoch_steps,
+        scenario.devices,
+        scenario.shape_change_s,
+        scenario.shape_cache,
+        pass_caps=None if scenario.pass_caps is None else tuple(scenario.pass_caps),
         loop_window=loop.window,
     )
     policy.reset(info)
     if policy.knows_the_curves:
-        times = ScenarioTimes(s, seed, policy.plan_at(0))
-        return _oracle(s, policy, times)
-    times = ScenarioTimes(s, seed, plan)
+        times = ScenarioTimes(scenario, seed, policy.plan_at(0))
+        return _oracle(scenario, policy, times)
+    times = ScenarioTimes(scenario, seed, plan)
     profile_s, first = _profile(policy, times)
     first = first if first is not None else policy.start_plan
     res = run_loop(
-        s.global_batch,
-        n,
-        s.steps,
+        scenario.global_batch,
+        world_size,
+        scenario.steps,
         times,
         decider_for(policy),
         loop,
-        min_size=s.min_size,
-        comm=s.comm,
+        min_size=scenario.min_size,
+        comm=scenario.comm,
         initial_plan=first,
         on_step=policy.observe_step,
-        devices=s.devices,
-        pass_caps=s.pass_caps,
+        devices=scenario.devices,
+        pass_caps=scenario.pass_caps,
     )
     changes = [(st, p, prev) for (_, prev), (st, p) in itertools.pairwise(res.schedule)]
     return Trace(
         policy.name,
-        _chunks(res.step_s, s.window),
+        _chunks(res.step_s, scenario.window),
         float(res.step_s.sum()) + profile_s,
         changes,
         res.decision_ms,

@@ -93,10 +93,10 @@ class GoodputResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON fields (without scenario, seed and policy, which key them)."""
-        d = asdict(self)
-        for k in ("scenario", "seed", "policy"):
-            d.pop(k)
-        return d
+        data = asdict(self)
+        for key in ("scenario", "seed", "policy"):
+            data.pop(key)
+        return data
 
 
 def _workload(s: Scenario) -> Workload:
@@ -144,34 +144,43 @@ def hindsight_batch(s: Scenario) -> tuple[int, float]:
         ValueError: Without a workload, or when no batch reaches the target within the
             scenario's ``steps``.
     """
-    w = _workload(s)
-    lo, hi = w.batch_range
-    grid = np.unique(np.r_[np.round(np.geomspace(lo, hi, _SCAN)).astype(np.int64), s.global_batch])
+    workload = _workload(s)
+    low, high = workload.batch_range
+    grid = np.unique(
+        np.r_[np.round(np.geomspace(low, high, _SCAN)).astype(np.int64), s.global_batch]
+    )
     step_s = oracle_step_s(s, [oracle_plan(s, int(b)) for b in grid])
-    x = np.array([r[0] for r in w.trace])
-    gs, vs = np.array([r[1] for r in w.trace]), np.array([r[2] for r in w.trace])
+    trace_progress = np.array([r[0] for r in workload.trace])
+    grad_sqrs, grad_vars = (
+        np.array([r[1] for r in workload.trace]),
+        np.array([r[2] for r in workload.trace]),
+    )
     progress = np.zeros(grid.size)
     steps = np.zeros(grid.size, dtype=np.int64)
-    b = grid.astype(np.float64)
+    batches = grid.astype(np.float64)
     for _ in range(s.steps):
-        live = progress < w.target_progress
+        live = progress < workload.target_progress
         if not live.any():
             break
-        phi = np.interp(progress, x, vs) / np.interp(progress, x, gs)
-        progress = np.where(live, progress + b * (phi + w.b0) / (phi + b), progress)
+        phi = np.interp(progress, trace_progress, grad_vars) / np.interp(
+            progress, trace_progress, grad_sqrs
+        )
+        progress = np.where(
+            live, progress + batches * (phi + workload.b0) / (phi + batches), progress
+        )
         steps += live
-    done = progress >= w.target_progress
+    done = progress >= workload.target_progress
     if not done.any():
         raise ValueError(f"no fixed batch reaches the target within {s.steps} steps")
     total = np.where(done, steps * step_s, np.inf)
-    i = int(np.argmin(total))
-    return int(grid[i]), float(total[i])
+    best = int(np.argmin(total))
+    return int(grid[best]), float(total[best])
 
 
 def _policy(
     name: str, s: Scenario, seed: int, batch: int
 ) -> tuple[Policy, PolicyInfo, Plan, LoopConfig]:
-    w = _workload(s)
+    workload = _workload(s)
     if name == "fixed":
         pol: Policy = RexPolicy()
         info = _info(s, seed, s.global_batch, None)
@@ -179,14 +188,14 @@ def _policy(
         pol, info = EvenPolicy(), _info(s, seed, batch, None)
         info = PolicyInfo(**{**asdict(info), "initial_plan": oracle_plan(s, batch)})
     elif name == "pollux":
-        pol, info = PolluxPolicy(), _info(s, seed, s.global_batch, w.batch_range)
+        pol, info = PolluxPolicy(), _info(s, seed, s.global_batch, workload.batch_range)
     elif name == "pollux-split":
         split = functools.cache(functools.partial(oracle_plan, s))
-        pol, info = PolluxPolicy(split), _info(s, seed, s.global_batch, w.batch_range)
+        pol, info = PolluxPolicy(split), _info(s, seed, s.global_batch, workload.batch_range)
     elif name == "adaptive-oracle":
-        pol, info = AdaptiveOraclePolicy(s), _info(s, seed, s.global_batch, w.batch_range)
+        pol, info = AdaptiveOraclePolicy(s), _info(s, seed, s.global_batch, workload.batch_range)
     elif name == "rex":
-        pol, info = RexPolicy(), _info(s, seed, s.global_batch, w.batch_range)
+        pol, info = RexPolicy(), _info(s, seed, s.global_batch, workload.batch_range)
     else:
         raise ValueError(f"unknown batch policy {name!r}; choose from {', '.join(BATCH_POLICIES)}")
     loop = default_loop(s, pol)  # its window is the one rex's controller gets
@@ -212,23 +221,23 @@ def run_goodput(
     Raises:
         ValueError: For an unknown policy or a scenario without a workload.
     """
-    w = _workload(s)
+    workload = _workload(s)
     batch = s.global_batch
     if policy == "hindsight":
         batch = hindsight if hindsight is not None else hindsight_batch(s)[0]
     pol, info, first, loop = _policy(policy, s, seed, batch)
     times = ScenarioTimes(s, seed, first)
-    norms = GradientNorms(w, seed)
+    norms = GradientNorms(workload, seed)
     progress = [0.0]
     per_step: list[int] = []
 
     def after_step(step: int, plan: Plan) -> bool:
-        b = sum(plan)
-        per_step.append(b)
+        global_batch = sum(plan)
+        per_step.append(global_batch)
         local, glob = norms.draw(plan, progress[0])
         pol.observe_gradients(step, local, glob, plan)
-        progress[0] += w.step_progress(b, progress[0])
-        return progress[0] >= w.target_progress
+        progress[0] += workload.step_progress(global_batch, progress[0])
+        return progress[0] >= workload.target_progress
 
     res = run_loop(
         sum(first),
@@ -252,8 +261,8 @@ def run_goodput(
     moves = [[0, int(sizes[0])]] + [
         [int(i), int(sizes[i])] for i in np.flatnonzero(np.diff(sizes)) + 1
     ]
-    ms = np.asarray(res.decision_ms) if res.decision_ms else np.zeros(1)
-    reached = progress[0] >= w.target_progress
+    latencies_ms = np.asarray(res.decision_ms) if res.decision_ms else np.zeros(1)
+    reached = progress[0] >= workload.target_progress
     return GoodputResult(
         scenario=s.name,
         seed=int(seed),
@@ -266,7 +275,7 @@ def run_goodput(
         batch_changes=len(moves) - 1,
         first_batch_change_step=int(change[0]) if change.size else None,
         rollbacks=sum(r["decision"] == "rollback" for r in res.records),
-        decision_ms_p50=float(np.percentile(ms, 50)),
-        decision_ms_p99=float(np.percentile(ms, 99)),
+        decision_ms_p50=float(np.percentile(latencies_ms, 50)),
+        decision_ms_p99=float(np.percentile(latencies_ms, 99)),
         batches=moves,
     )

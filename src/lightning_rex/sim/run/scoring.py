@@ -79,10 +79,10 @@ class SimResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON fields of the CLI schema."""
-        d = asdict(self)
-        for k in ("scenario", "seed", "policy", "window_step_s"):
-            d.pop(k)
-        return d
+        data = asdict(self)
+        for key in ("scenario", "seed", "policy", "window_step_s"):
+            data.pop(key)
+        return data
 
 
 def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimResult:
@@ -97,8 +97,8 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
     Returns:
         The result.
     """
-    s = scenario
-    samples = s.global_batch * s.steps
+    scen = scenario
+    samples = scen.global_batch * scen.steps
     thr = samples / trace.total_time_s
     lim = samples / oracle.total_time_s
     # the first window from which the run stays within 90% of the oracle (a run that falls
@@ -108,15 +108,15 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
     ]
     n_windows = len(trace.window_step_s)
     t90 = 0 if not below else (below[-1] + 1 if below[-1] + 1 < n_windows else None)
-    ref = OraclePolicy(s)
+    ref = OraclePolicy(scen)
     ref.reset(
         PolicyInfo(
-            s.global_batch,
-            s.world_size,
-            s.window,
-            s.min_size,
-            tuple(s.max_sizes),
-            even_plan(s.global_batch, s.world_size),
+            scen.global_batch,
+            scen.world_size,
+            scen.window,
+            scen.min_size,
+            tuple(scen.max_sizes),
+            even_plan(scen.global_batch, scen.world_size),
             seed,
         )
     )
@@ -125,19 +125,19 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
     # the curves in force at that step
     false = 0
     for step, _new, before in trace.changes:
-        cur = float(s.compute_times(np.asarray(before), step).max()) + s.comm
-        best = float(s.compute_times(np.asarray(ref.plan_at(step)), step).max()) + s.comm
+        cur = float(scen.compute_times(np.asarray(before), step).max()) + scen.comm
+        best = float(scen.compute_times(np.asarray(ref.plan_at(step)), step).max()) + scen.comm
         false += cur <= best * 1.02
     delays: list[int | None] = []
-    for e in s.events:
-        after = [st for st, _, _ in trace.changes if st > e.start]
-        delays.append(math.ceil((after[0] - e.start) / s.window) if after else None)
+    for event in scen.events:
+        after = [st for st, _, _ in trace.changes if st > event.start]
+        delays.append(math.ceil((after[0] - event.start) / scen.window) if after else None)
     first = len(trace.window_step_s) // 10
     steady = float(np.sum(oracle.window_step_s[first:]) / np.sum(trace.window_step_s[first:]))
-    ms = np.asarray(trace.decision_ms) if trace.decision_ms else np.zeros(1)
+    latencies = np.asarray(trace.decision_ms) if trace.decision_ms else np.zeros(1)
     no_rescale = trace.policy in ("even", "oracle")
     return SimResult(
-        scenario=s.name,
+        scenario=scen.name,
         seed=int(seed),
         policy=trace.policy,
         throughput=float(thr),
@@ -151,9 +151,9 @@ def metrics(scenario: Scenario, trace: Trace, oracle: Trace, seed: int) -> SimRe
         profile_s=trace.profile_s,
         rollbacks=trace.rollbacks,
         false_rescales=0 if no_rescale else int(false),
-        detection_delay_windows=[None] * len(s.events) if no_rescale else delays,
-        decision_ms_p50=float(np.percentile(ms, 50)),
-        decision_ms_p99=float(np.percentile(ms, 99)),
+        detection_delay_windows=[None] * len(scen.events) if no_rescale else delays,
+        decision_ms_p50=float(np.percentile(latencies, 50)),
+        decision_ms_p99=float(np.percentile(latencies, 99)),
         final_plan=list(trace.final_plan),
         window_step_s=trace.window_step_s,
     )

@@ -51,13 +51,13 @@ class ShapeCache:
         """
         plan = np.asarray(plan, dtype=np.int64)
         miss = np.zeros(plan.shape, dtype=bool)
-        for r in np.flatnonzero(plan != self._last):
-            b, seen = int(plan[r]), self._seen[r]
-            if b in seen:
-                seen.move_to_end(b)
+        for rank in np.flatnonzero(plan != self._last):
+            size, seen = int(plan[rank]), self._seen[rank]
+            if size in seen:
+                seen.move_to_end(size)
             else:
-                miss[r] = True
-                seen[b] = None
+                miss[rank] = True
+                seen[size] = None
                 if len(seen) > self.size:
                     seen.popitem(last=False)
         self._last = plan.copy()
@@ -74,16 +74,16 @@ class ScenarioTimes:
     """
 
     def __init__(self, scenario: Scenario, seed: int, initial_plan: Sequence[int]) -> None:
-        s = self.s = scenario
-        self.noise = s.noise.process(s.world_size, np.random.default_rng(int(seed)))
+        scen = self.s = scenario
+        self.noise = scen.noise.process(scen.world_size, np.random.default_rng(int(seed)))
         self._profile_rng = np.random.default_rng([int(seed), 1])
-        self.shapes = ShapeCache(initial_plan, s.shape_cache)
+        self.shapes = ShapeCache(initial_plan, scen.shape_cache)
         self.shape_change_s_total = 0.0
         self.shape_changes = 0
         self._chunk = -1
-        self._factors_now = np.ones((s.world_size, 1))
+        self._factors_now = np.ones((scen.world_size, 1))
         self._events: dict[int, np.ndarray] = {}
-        self._bounds = sorted({e.start for e in s.events} | {e.end for e in s.events})
+        self._bounds = sorted({e.start for e in scen.events} | {e.end for e in scen.events})
 
     def _event_factors(self, step: int) -> np.ndarray:
         # events change factors only at their boundaries: cache per boundary interval
@@ -110,12 +110,14 @@ class ScenarioTimes:
         Returns:
             Seconds, shape ``(N,)``.
         """
-        w = self.s.window
-        if step // w != self._chunk:
-            self._chunk = step // w
-            self._factors_now = self.noise.next_chunk(min(w, self.s.steps - self._chunk * w))
+        window = self.s.window
+        if step // window != self._chunk:
+            self._chunk = step // window
+            self._factors_now = self.noise.next_chunk(
+                min(window, self.s.steps - self._chunk * window)
+            )
         base = self.s.base_times(plan) * self._event_factors(step)
-        return base * self._factors_now[:, step % w] + self._shape_cost(plan)
+        return base * self._factors_now[:, step % window] + self._shape_cost(plan)
 
     def profile(self, sizes: np.ndarray) -> np.ndarray:
         """The times of profiling steps run before step 0 (events of step 0 apply).
@@ -133,7 +135,7 @@ class ScenarioTimes:
         noise = self.s.noise.process(self.s.world_size, self._profile_rng)
         factors = noise.next_chunk(sizes.shape[0]).T
         out = np.empty(sizes.shape)
-        for p, row in enumerate(sizes):
-            out[p] = self.s.base_times(row) * self._event_factors(0) * factors[p]
-            out[p] += self._shape_cost(row)
+        for index, row in enumerate(sizes):
+            out[index] = self.s.base_times(row) * self._event_factors(0) * factors[index]
+            out[index] += self._shape_cost(row)
         return out

@@ -27,9 +27,9 @@ def _round_up(e: np.ndarray, unit: npt.ArrayLike | None) -> np.ndarray:
     """``e`` rounded up to a multiple of ``unit`` where ``unit > 0``."""
     if unit is None:
         return e
-    t = np.asarray(unit, dtype=float)
-    safe = np.where(t > 0, t, 1.0)
-    return np.asarray(np.where(t > 0, np.ceil(e / safe) * safe, e))
+    units = np.asarray(unit, dtype=float)
+    safe = np.where(units > 0, units, 1.0)
+    return np.asarray(np.where(units > 0, np.ceil(e / safe) * safe, e))
 
 
 def affine_times(
@@ -71,8 +71,8 @@ def affine_times(
     base = np.maximum(np.asarray(b, dtype=float), np.asarray(knee, dtype=float))
     eff = _round_up(base, tile)
     if wave is not None:
-        f = np.where(np.asarray(wave) > 0, np.asarray(wave_share, dtype=float), 0.0)
-        eff = (1.0 - f) * eff + f * _round_up(base, wave)
+        share = np.where(np.asarray(wave) > 0, np.asarray(wave_share, dtype=float), 0.0)
+        eff = (1.0 - share) * eff + share * _round_up(base, wave)
     out = np.asarray(overhead_s, dtype=float) + eff / np.asarray(rate, dtype=float)
     return np.asarray(out, dtype=np.float64)
 
@@ -98,33 +98,36 @@ class TableCurve:
         pts = list(points)
         if len(pts) < 2:
             raise ValueError(f"a table curve needs at least 2 points, got {len(pts)}")
-        bs: list[float] = []
-        ts: list[float] = []
-        for i, p in enumerate(pts):
+        sizes: list[float] = []
+        times: list[float] = []
+        for index, point in enumerate(pts):
             if (
-                isinstance(p, (str, bytes))
-                or not isinstance(p, Sequence | np.ndarray)
-                or len(p) != 2
+                isinstance(point, (str, bytes))
+                or not isinstance(point, Sequence | np.ndarray)
+                or len(point) != 2
             ):
-                raise ValueError(f"point {i} must be a pair [b, seconds], got {p!r}")
-            if any(isinstance(v, bool) or not isinstance(v, Real) for v in p):
-                raise ValueError(f"point {i} must be a pair of numbers, got {p!r}")
-            b, t = float(p[0]), float(p[1])
-            if not (math.isfinite(b) and b >= 1):
-                raise ValueError(f"point {i}: b must be finite and >= 1, got {b:g}")
-            if bs and b <= bs[-1]:
+                raise ValueError(f"point {index} must be a pair [b, seconds], got {point!r}")
+            if any(isinstance(v, bool) or not isinstance(v, Real) for v in point):
+                raise ValueError(f"point {index} must be a pair of numbers, got {point!r}")
+            size, seconds = float(point[0]), float(point[1])
+            if not (math.isfinite(size) and size >= 1):
+                raise ValueError(f"point {index}: b must be finite and >= 1, got {size:g}")
+            if sizes and size <= sizes[-1]:
                 raise ValueError(
-                    f"point {i}: b values must be strictly increasing, got {b:g} after {bs[-1]:g}"
+                    f"point {index}: b values must be strictly increasing, "
+                    f"got {size:g} after {sizes[-1]:g}"
                 )
-            if not (math.isfinite(t) and t > 0):
-                raise ValueError(f"point {i}: time must be finite and > 0 seconds, got {t:g}")
-            bs.append(b)
-            ts.append(t)
-        self._b = np.array(bs)
-        self._t = np.array(ts)
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ValueError(
+                    f"point {index}: time must be finite and > 0 seconds, got {seconds:g}"
+                )
+            sizes.append(size)
+            times.append(seconds)
+        self._b = np.array(sizes)
+        self._t = np.array(times)
         self._pchip = PchipInterpolator(self._b, self._t, extrapolate=False)
-        self._slope = (ts[-1] - ts[-2]) / (bs[-1] - bs[-2])
-        self._floor = min(ts)
+        self._slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+        self._floor = min(times)
 
     @property
     def points(self) -> tuple[tuple[float, float], ...]:
@@ -140,10 +143,10 @@ class TableCurve:
         Returns:
             The step times in seconds, float array of the shape of ``b``.
         """
-        x = np.asarray(b, dtype=float)
-        inside = self._pchip(np.clip(x, self._b[0], self._b[-1]))
-        above = np.maximum(self._t[-1] + self._slope * (x - self._b[-1]), self._floor)
-        return np.asarray(np.where(x > self._b[-1], above, inside), dtype=np.float64)
+        sizes = np.asarray(b, dtype=float)
+        inside = self._pchip(np.clip(sizes, self._b[0], self._b[-1]))
+        above = np.maximum(self._t[-1] + self._slope * (sizes - self._b[-1]), self._floor)
+        return np.asarray(np.where(sizes > self._b[-1], above, inside), dtype=np.float64)
 
     def __repr__(self) -> str:
         return f"TableCurve({[list(p) for p in self.points]!r})"
@@ -176,13 +179,13 @@ def memory_wall_factor(
         ValueError: If ``mem_cap``, ``start`` or ``factor`` is out of range (or NaN).
     """
     cap = np.asarray(mem_cap, dtype=float)
-    s = np.asarray(start, dtype=float)
-    f = np.asarray(factor, dtype=float)
+    starts = np.asarray(start, dtype=float)
+    factors = np.asarray(factor, dtype=float)
     if not np.all(cap >= 1):
         raise ValueError(f"mem_cap must be >= 1, got {mem_cap!r}")
-    if not np.all((s > 0) & (s < 1)):
+    if not np.all((starts > 0) & (starts < 1)):
         raise ValueError(f"start must be in (0, 1), got {start!r}")
-    if not np.all(f >= 1):
+    if not np.all(factors >= 1):
         raise ValueError(f"factor must be >= 1, got {factor!r}")
-    u = np.maximum((np.asarray(b, dtype=float) / cap - s) / (1.0 - s), 0.0)
-    return np.asarray(1.0 + (f - 1.0) * u**2, dtype=np.float64)
+    excess = np.maximum((np.asarray(b, dtype=float) / cap - starts) / (1.0 - starts), 0.0)
+    return np.asarray(1.0 + (factors - 1.0) * excess**2, dtype=np.float64)

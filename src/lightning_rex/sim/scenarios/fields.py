@@ -70,14 +70,14 @@ def number(
         if default is None:
             raise ScenarioError(f"missing required field {where}{key}")
         return default
-    v = d[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ScenarioError(f"{where}{key} must be a finite number, got {v!r}")
-    if integer and int(v) != v:
-        raise ScenarioError(f"{where}{key} must be an integer, got {v!r}")
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ScenarioError(f"{where}{key} must be {'>' if lo_open else '>='} {lo}, got {v!r}")
-    if hi is not None and v > hi:
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ScenarioError(f"{where}{key} must be a finite number, got {value!r}")
+    if integer and int(value) != value:
+        raise ScenarioError(f"{where}{key} must be an integer, got {value!r}")
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise ScenarioError(f"{where}{key} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
+    if hi is not None and value > hi:
         bound = f"{int(hi):,}" if integer else f"{hi:g}"
-        raise ScenarioError(f"{where}{key} must be <= {bound}, got {v!r}")
-    return int(v) if integer else float(v)
+        raise ScenarioError(f"{where}{key} must be <= {bound}, got {value!r}")
+    return int(value) if integer else float(value)

@@ -59,12 +59,12 @@ def memory_from_dict(d: Any) -> MemorySpec:
     Raises:
         ScenarioError: Naming the field, for unknown keys or values out of range.
     """
-    m: Mapping[str, Any] = check_keys(d, _KEYS, "memory")
+    mapping: Mapping[str, Any] = check_keys(d, _KEYS, "memory")
     return MemorySpec(
         per_sample_bytes=number(
-            m, "per_sample_bytes", "memory.", lo=0.0, lo_open=True, hi=MAX_BYTES
+            mapping, "per_sample_bytes", "memory.", lo=0.0, lo_open=True, hi=MAX_BYTES
         ),
-        fixed_bytes=number(m, "fixed_bytes", "memory.", 0.0, lo=0.0, hi=MAX_BYTES),
+        fixed_bytes=number(mapping, "fixed_bytes", "memory.", 0.0, lo=0.0, hi=MAX_BYTES),
     )
 
 
@@ -94,14 +94,14 @@ def pass_caps(
             " (fixed_bytes, per_sample_bytes)"
         )
     caps: list[int | None] = []
-    for i, b in enumerate(device_bytes):
-        if b is None:
+    for rank, mem_bytes in enumerate(device_bytes):
+        if mem_bytes is None:
             caps.append(None)
             continue
-        cap = int((b - memory.fixed_bytes) // memory.per_sample_bytes)
+        cap = int((mem_bytes - memory.fixed_bytes) // memory.per_sample_bytes)
         if cap < 1:
             raise ScenarioError(
-                f"ranks[{i}].memory_bytes={b:g} holds no sample: fixed_bytes="
+                f"ranks[{rank}].memory_bytes={mem_bytes:g} holds no sample: fixed_bytes="
                 f"{memory.fixed_bytes:g} plus per_sample_bytes={memory.per_sample_bytes:g}"
                 " do not fit"
             )

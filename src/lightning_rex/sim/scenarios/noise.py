@@ -59,11 +59,13 @@ def _validate(
         raise ValueError(f"noise.cv must be finite and >= 0, got {cv}")
     if len(components) == 0:
         raise ValueError("noise.components must have at least one component, got none")
-    for i, c in enumerate(components):
-        if not (math.isfinite(c.share) and c.share > 0):
-            raise ValueError(f"noise.components[{i}].share must be > 0, got {c.share}")
-        if not 0 <= c.ar1 < 1:
-            raise ValueError(f"noise.components[{i}].ar1 must be in [0, 1), got {c.ar1}")
+    for index, component in enumerate(components):
+        if not (math.isfinite(component.share) and component.share > 0):
+            raise ValueError(f"noise.components[{index}].share must be > 0, got {component.share}")
+        if not 0 <= component.ar1 < 1:
+            raise ValueError(
+                f"noise.components[{index}].ar1 must be in [0, 1), got {component.ar1}"
+            )
     total = math.fsum(c.share for c in components)
     if abs(total - 1.0) > 1e-9:
         raise ValueError(f"noise.components shares must sum to 1, got {total:.12g}")
@@ -138,16 +140,18 @@ class NoiseProcess:
             raise ValueError(f"k must be >= 0, got {k}")
         sigma = self._sigma
         total: np.ndarray | None = None
-        for c, state in zip(self.components, self._states):
-            rho = float(c.ar1)
-            sigma_i = math.sqrt(c.share) * sigma
-            e = self._rng.standard_normal((self.n_ranks, k)) * sigma_i * np.sqrt(1.0 - rho * rho)
+        for component, state in zip(self.components, self._states):
+            rho = float(component.ar1)
+            sigma_i = math.sqrt(component.share) * sigma
+            shocks = (
+                self._rng.standard_normal((self.n_ranks, k)) * sigma_i * np.sqrt(1.0 - rho * rho)
+            )
             out = np.empty((self.n_ranks, k))
-            x = state
-            for j in range(k):
-                x = rho * x + e[:, j]
-                out[:, j] = x
-            state[:] = x
+            level = state
+            for step in range(k):
+                level = rho * level + shocks[:, step]
+                out[:, step] = level
+            state[:] = level
             total = out if total is None else total + out
         assert total is not None  # at least one component (validated)
         factors = np.exp(total - 0.5 * sigma * sigma)

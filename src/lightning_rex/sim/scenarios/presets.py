@@ -135,7 +135,7 @@ def transient_16() -> dict[str, Any]:
 
     Two of them straddle a window boundary.
     """
-    ev = [
+    events = [
         {"ranks": [2], "start": 600, "end": 630, "factor": 1.6},
         {"ranks": [7], "start": 1215, "end": 1245, "factor": 1.6},
         {"ranks": [11], "start": 1800, "end": 1820, "factor": 1.6},
@@ -148,7 +148,7 @@ def transient_16() -> dict[str, Any]:
         "comm": 0.01,
         "ranks": _uniform(16),
         "noise": {"dist": "lognormal", "cv": 0.10, "ar1": 0.5},
-        "events": ev,
+        "events": events,
     }
 
 
@@ -159,11 +159,11 @@ def drift_16() -> dict[str, Any]:
     up by 6% at the same times (six times).
     """
     ranks = [gpu_rank("A100")] * 8 + [gpu_rank("V100")] * 8
-    ev = []
-    for i, s in enumerate(range(600, 3000, 300)):
-        ev.append({"ranks": [2], "start": s, "end": 3000, "factor": 1.08})
-        if i < 6:
-            ev.append({"ranks": [10], "start": s, "end": 3000, "factor": 1 / 1.06})
+    events = []
+    for index, start in enumerate(range(600, 3000, 300)):
+        events.append({"ranks": [2], "start": start, "end": 3000, "factor": 1.08})
+        if index < 6:
+            events.append({"ranks": [10], "start": start, "end": 3000, "factor": 1 / 1.06})
     return {
         "global_batch": 1024,
         "steps": 3000,
@@ -171,7 +171,7 @@ def drift_16() -> dict[str, Any]:
         "comm": 0.01,
         "ranks": ranks,
         "noise": {"dist": "lognormal", "cv": 0.10, "ar1": 0.5},
-        "events": ev,
+        "events": events,
     }
 
 
@@ -182,13 +182,13 @@ def twoscale_noise_8() -> dict[str, Any]:
     clock drift, a co-tenant's phases) on a fast jitter carrying 40% (independent per step).
     A test calibrated for one AR(1) scale meets autocorrelation it did not assume.
     """
-    d = a100_v100_t4_8()
-    d["noise"] = {
+    data = a100_v100_t4_8()
+    data["noise"] = {
         "dist": "lognormal",
         "cv": 0.15,
         "components": [{"share": 0.6, "ar1": 0.95}, {"share": 0.4, "ar1": 0.0}],
     }
-    return d
+    return data
 
 
 def spiky_noise_8() -> dict[str, Any]:
@@ -197,14 +197,14 @@ def spiky_noise_8() -> dict[str, Any]:
     Every rank, every step, independently takes 3x its time with probability 0.01 (a
     garbage-collection pause, a data-loader stall, a co-tenant's burst).
     """
-    d = a100_v100_t4_8()
-    d["noise"] = {
+    data = a100_v100_t4_8()
+    data["noise"] = {
         "dist": "lognormal",
         "cv": 0.08,
         "ar1": 0.5,
         "spikes": {"prob": 0.01, "factor": 3.0},
     }
-    return d
+    return data
 
 
 def tiled_8() -> dict[str, Any]:
@@ -214,10 +214,10 @@ def tiled_8() -> dict[str, Any]:
     to tile multiples): a few percent per step at the sizes these ranks run, the pattern of
     published per-batch-size measurements.
     """
-    d = a100_v100_t4_8()
-    for r in d["ranks"]:
-        r["tile"] = 16 if r["device"] == "A100" else 8
-    return d
+    data = a100_v100_t4_8()
+    for rank in data["ranks"]:
+        rank["tile"] = 16 if rank["device"] == "A100" else 8
+    return data
 
 
 def staircase_8() -> dict[str, Any]:
@@ -231,9 +231,9 @@ def staircase_8() -> dict[str, Any]:
     """
     tiles = {"A100": (64, 256), "V100": (32, 128), "T4": (16, 64)}
     ranks = []
-    for kind, n in (("A100", 2), ("V100", 3), ("T4", 3)):
+    for kind, count in (("A100", 2), ("V100", 3), ("T4", 3)):
         tile, wave = tiles[kind]
-        ranks += [{**gpu_rank(kind), "tile": tile, "wave": {"size": wave, "share": 0.3}}] * n
+        ranks += [{**gpu_rank(kind), "tile": tile, "wave": {"size": wave, "share": 0.3}}] * count
     return {
         "global_batch": 1024,
         "steps": 3000,
@@ -253,8 +253,8 @@ def memwall_8() -> dict[str, Any]:
     """
     ranks = [dict(gpu_rank("A100"), mem_cap=256) for _ in range(4)]
     ranks += [dict(gpu_rank("V100"), mem_cap=160) for _ in range(4)]
-    for r in ranks:
-        r["wall"] = {"start": 0.7, "factor": 2.5}
+    for rank in ranks:
+        rank["wall"] = {"start": 0.7, "factor": 2.5}
     return {
         "global_batch": 1024,
         "steps": 3000,
@@ -328,16 +328,16 @@ def fsdp_memory_8() -> dict[str, Any]:
     illustration, not measurements.
     """
     ranks = []
-    for kind, n, gb in (("A100", 2, 80e9), ("V100", 2, 16e9), ("T4", 4, 16e9)):
+    for kind, count, memory_bytes in (("A100", 2, 80e9), ("V100", 2, 16e9), ("T4", 4, 16e9)):
         rate, over, knee, _ = GPUS[kind]
-        r = {
+        rank = {
             "rate": rate / 100.0,
             "overhead_s": 10.0 * over + _FSDP_GATHER_S,
             "knee": max(1, knee // 8),
             "device": kind,
-            "memory_bytes": gb,
+            "memory_bytes": memory_bytes,
         }
-        ranks += [r] * n
+        ranks += [rank] * count
     return {
         "global_batch": 128,
         "steps": 3000,

@@ -214,9 +214,9 @@ class _Curves:
         self.wave = waves if waves.any() else None
         self.wave_share = np.array([r.wave[1] if r.wave else 0.0 for r in ranks])
         groups: dict[tuple[tuple[float, float], ...], list[int]] = {}
-        for i, r in enumerate(ranks):
-            if r.curve is not None:
-                groups.setdefault(r.curve, []).append(i)
+        for index, rank in enumerate(ranks):
+            if rank.curve is not None:
+                groups.setdefault(rank.curve, []).append(index)
         self.tables = [(TableCurve(pts), np.array(ix)) for pts, ix in groups.items()]
         walled = [i for i, r in enumerate(ranks) if r.wall is not None]
         self.walled = np.array(walled, dtype=int)
@@ -237,8 +237,13 @@ class _Curves:
         if self.caps is None:
             return self.single(b)
         caps = self.caps.reshape((-1,) + (1,) * (b.ndim - 1))
-        k, q, m = pass_split(b, caps)
-        return pass_total(k, m, self.single(q), self.single(np.where(m > 0, q + 1, q)))
+        n_passes, pass_size, n_larger = pass_split(b, caps)
+        return pass_total(
+            n_passes,
+            n_larger,
+            self.single(pass_size),
+            self.single(np.where(n_larger > 0, pass_size + 1, pass_size)),
+        )
 
     def single(self, b: np.ndarray) -> np.ndarray:
         """One pass's times at per-rank sizes ``b``, shape ``(N,)`` or ``(N, G)``."""
@@ -246,7 +251,7 @@ class _Curves:
         def col(x: np.ndarray) -> np.ndarray:
             return x.reshape((-1,) + (1,) * (b.ndim - 1))
 
-        t = affine_times(
+        times = affine_times(
             b,
             overhead_s=col(self.over),
             rate=col(self.rate),
@@ -255,16 +260,16 @@ class _Curves:
             wave=None if self.wave is None else col(self.wave),
             wave_share=col(self.wave_share),
         )
-        for curve, ix in self.tables:
-            t[ix] = curve(b[ix])
+        for curve, rows in self.tables:
+            times[rows] = curve(b[rows])
         if self.walled.size:
-            t[self.walled] *= memory_wall_factor(
+            times[self.walled] *= memory_wall_factor(
                 b[self.walled],
                 mem_cap=col(self.wall_cap),
                 start=col(self.wall_start),
                 factor=col(self.wall_factor),
             )
-        return t
+        return times
 
 
 @dataclass(frozen=True)
@@ -347,11 +352,11 @@ class Scenario:
 
     def factors(self, step: int) -> np.ndarray:
         """The product of active event factors per rank at ``step``, shape ``(N,)``."""
-        f = np.ones(self.world_size)
-        for e in self.events:
-            if e.start <= step < e.end:
-                f[list(e.ranks)] *= e.factor
-        return f
+        product = np.ones(self.world_size)
+        for event in self.events:
+            if event.start <= step < event.end:
+                product[list(event.ranks)] *= event.factor
+        return product
 
     def event_active(self, step: int) -> bool:
         """Whether any event covers ``step``."""

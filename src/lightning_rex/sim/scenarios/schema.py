@@ -47,38 +47,38 @@ __all__ = [
 
 
 def _rank_dict(r: RankSpec) -> dict[str, Any]:
-    d: dict[str, Any]
+    data: dict[str, Any]
     if r.curve is not None:
-        d = {"curve": [list(p) for p in r.curve], "mem_cap": r.mem_cap}
+        data = {"curve": [list(p) for p in r.curve], "mem_cap": r.mem_cap}
     else:
-        d = {"rate": r.rate, "overhead_s": r.overhead_s, "knee": r.knee, "mem_cap": r.mem_cap}
+        data = {"rate": r.rate, "overhead_s": r.overhead_s, "knee": r.knee, "mem_cap": r.mem_cap}
         if r.tile is not None:
-            d["tile"] = r.tile
+            data["tile"] = r.tile
         if r.wave is not None:
-            d["wave"] = {"size": r.wave[0], "share": r.wave[1]}
+            data["wave"] = {"size": r.wave[0], "share": r.wave[1]}
     if r.wall is not None:
-        d["wall"] = {"start": r.wall[0], "factor": r.wall[1]}
+        data["wall"] = {"start": r.wall[0], "factor": r.wall[1]}
     if r.device is not None:
-        d["device"] = r.device
+        data["device"] = r.device
     if r.memory_bytes is not None:
-        d["memory_bytes"] = r.memory_bytes
-    return d
+        data["memory_bytes"] = r.memory_bytes
+    return data
 
 
 def _noise_dict(n: NoiseSpec) -> dict[str, Any]:
-    d: dict[str, Any] = {"dist": n.dist, "cv": n.cv}
+    data: dict[str, Any] = {"dist": n.dist, "cv": n.cv}
     if n.components is not None:
-        d["components"] = [{"share": c.share, "ar1": c.ar1} for c in n.components]
+        data["components"] = [{"share": c.share, "ar1": c.ar1} for c in n.components]
     else:
-        d["ar1"] = n.ar1
+        data["ar1"] = n.ar1
     if n.spikes is not None:
-        d["spikes"] = {"prob": n.spikes.prob, "factor": n.spikes.factor}
-    return d
+        data["spikes"] = {"prob": n.spikes.prob, "factor": n.spikes.factor}
+    return data
 
 
 def to_dict(s: Scenario) -> dict[str, Any]:
     """The JSON-able mapping of a scenario (inverse of :func:`scenario_from_dict`)."""
-    d: dict[str, Any] = {
+    data: dict[str, Any] = {
         "name": s.name,
         "global_batch": s.global_batch,
         "steps": s.steps,
@@ -96,16 +96,16 @@ def to_dict(s: Scenario) -> dict[str, Any]:
         ],
     }
     if s.workload is not None:
-        w = s.workload
-        d["workload"] = {
-            "b0": w.b0,
-            "target_progress": w.target_progress,
-            "trace": [list(r) for r in w.trace],
-            "batch_range": list(w.batch_range),
+        workload = s.workload
+        data["workload"] = {
+            "b0": workload.b0,
+            "target_progress": workload.target_progress,
+            "trace": [list(r) for r in workload.trace],
+            "batch_range": list(workload.batch_range),
         }
     if s.memory is not None:
-        d["memory"] = s.memory.to_dict()
-    return d
+        data["memory"] = s.memory.to_dict()
+    return data
 
 
 _TOP = {
@@ -138,13 +138,13 @@ _EVENT = {"ranks", "start", "end", "factor"}
 def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
     wall = None
     if "wall" in r:
-        w = _check_keys(r["wall"], _WALL, f"{where}wall")
+        wall_map = _check_keys(r["wall"], _WALL, f"{where}wall")
         if cap is None:
             raise ScenarioError(f"{where}wall needs {where}mem_cap: the wall rises towards it")
-        start = _num(w, "start", f"{where}wall.", 0.8, lo=0.0, lo_open=True)
+        start = _num(wall_map, "start", f"{where}wall.", 0.8, lo=0.0, lo_open=True)
         if start >= 1.0:
             raise ScenarioError(f"{where}wall.start must be < 1, got {start}")
-        wall = (start, _num(w, "factor", f"{where}wall.", 2.0, lo=1.0, hi=LIMITS["factor"]))
+        wall = (start, _num(wall_map, "factor", f"{where}wall.", 2.0, lo=1.0, hi=LIMITS["factor"]))
     device = r.get("device")
     if device is not None and (not isinstance(device, str) or not device):
         raise ScenarioError(f"{where}device must be a non-empty string, got {device!r}")
@@ -160,8 +160,8 @@ def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
             raise ScenarioError(f"{where}curve must be a list of at most 4096 [b, seconds] points")
         try:
             table = TableCurve(pts)
-        except ValueError as e:
-            raise ScenarioError(f"{where}curve: {e}") from e
+        except ValueError as err:
+            raise ScenarioError(f"{where}curve: {err}") from err
         if max(t for _, t in table.points) > LIMITS["overhead_s"]:
             raise ScenarioError(f"{where}curve: times must be <= {LIMITS['overhead_s']:g} s")
         return RankSpec(mem_cap=cap, curve=table.points, wall=wall, device=device, memory_bytes=mem)
@@ -170,10 +170,10 @@ def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
         tile = _num(r, "tile", where, lo=1, hi=MAX_GLOBAL_BATCH, integer=True)
     wave = None
     if "wave" in r:
-        wd = _check_keys(r["wave"], _WAVE, f"{where}wave")
+        wave_map = _check_keys(r["wave"], _WAVE, f"{where}wave")
         wave = (
-            _num(wd, "size", f"{where}wave.", lo=1, hi=MAX_GLOBAL_BATCH, integer=True),
-            _num(wd, "share", f"{where}wave.", lo=0.0, hi=1.0),
+            _num(wave_map, "size", f"{where}wave.", lo=1, hi=MAX_GLOBAL_BATCH, integer=True),
+            _num(wave_map, "share", f"{where}wave.", lo=0.0, hi=1.0),
         )
     return RankSpec(
         rate=_num(r, "rate", where, lo=1.0 / LIMITS["rate"], hi=LIMITS["rate"]),
@@ -189,40 +189,41 @@ def _rank(r: Mapping[str, Any], where: str, cap: int | None) -> RankSpec:
 
 
 def _noise(d: Mapping[str, Any]) -> NoiseSpec:
-    nd = _check_keys(d, _NOISE, "noise")
-    dist = nd.get("dist", "lognormal")
+    fields = _check_keys(d, _NOISE, "noise")
+    dist = fields.get("dist", "lognormal")
     if dist != "lognormal":
         raise ScenarioError(f"noise.dist must be 'lognormal', got {dist!r}")
-    cv = _num(nd, "cv", "noise.", 0.0, lo=0.0, hi=LIMITS["cv"])
-    ar1 = _num(nd, "ar1", "noise.", 0.0, lo=0.0)
+    noise_cv = _num(fields, "cv", "noise.", 0.0, lo=0.0, hi=LIMITS["cv"])
+    ar1 = _num(fields, "ar1", "noise.", 0.0, lo=0.0)
     if ar1 >= 1.0:
         raise ScenarioError(f"noise.ar1 must be in [0, 1), got {ar1}")
     comps = None
-    if "components" in nd:
-        if "ar1" in nd:
+    if "components" in fields:
+        if "ar1" in fields:
             raise ScenarioError("noise.components replaces noise.ar1: give one or the other")
-        raw = nd["components"]
+        raw = fields["components"]
         if not isinstance(raw, list) or not 1 <= len(raw) <= 16:
             raise ScenarioError("noise.components must be a list of 1 to 16 components")
         comps = []
-        for i, c in enumerate(raw):
-            where = f"noise.components[{i}]."
-            c = _check_keys(c, _COMPONENT, f"noise.components[{i}]")
-            share = _num(c, "share", where, lo=0.0, lo_open=True, hi=1.0)
-            a = _num(c, "ar1", where, lo=0.0)
-            if a >= 1.0:
-                raise ScenarioError(f"{where}ar1 must be in [0, 1), got {a}")
-            comps.append(NoiseComponent(share, a))
+        for index, component in enumerate(raw):
+            where = f"noise.components[{index}]."
+            component = _check_keys(component, _COMPONENT, f"noise.components[{index}]")
+            share = _num(component, "share", where, lo=0.0, lo_open=True, hi=1.0)
+            comp_ar1 = _num(component, "ar1", where, lo=0.0)
+            if comp_ar1 >= 1.0:
+                raise ScenarioError(f"{where}ar1 must be in [0, 1), got {comp_ar1}")
+            comps.append(NoiseComponent(share, comp_ar1))
         total = math.fsum(c.share for c in comps)
         if abs(total - 1.0) > 1e-9:
             raise ScenarioError(f"noise.components shares must sum to 1, got {total:.12g}")
     spikes = None
-    if "spikes" in nd:
-        sd = _check_keys(nd["spikes"], _SPIKES, "noise.spikes")
-        prob = _num(sd, "prob", "noise.spikes.", lo=0.0, hi=1.0)
-        factor = _num(sd, "factor", "noise.spikes.", lo=1.0 / LIMITS["factor"], hi=LIMITS["factor"])
+    if "spikes" in fields:
+        spikes_map = _check_keys(fields["spikes"], _SPIKES, "noise.spikes")
+        prob = _num(spikes_map, "prob", "noise.spikes.", lo=0.0, hi=1.0)
+        limit = LIMITS["factor"]
+        factor = _num(spikes_map, "factor", "noise.spikes.", lo=1.0 / limit, hi=limit)
         spikes = Spikes(prob, factor)
-    return NoiseSpec(dist, cv, ar1, None if comps is None else tuple(comps), spikes)
+    return NoiseSpec(dist, noise_cv, ar1, None if comps is None else tuple(comps), spikes)
 
 
 def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenario:
@@ -239,23 +240,23 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
         ScenarioError: Naming the field, for unknown keys, missing or out-of-range values,
             an empty rank list, infeasible bounds or events outside the run.
     """
-    d = _check_keys(d, _TOP, "scenario")
-    gb = _num(d, "global_batch", "", lo=1, hi=MAX_GLOBAL_BATCH, integer=True)
-    steps = _num(d, "steps", "", lo=1, hi=MAX_STEPS, integer=True)
-    window = _num(d, "window", "", 30, lo=1, hi=steps, integer=True)
-    comm = _num(d, "comm", "", 0.0, lo=0.0, hi=LIMITS["comm"])
-    min_size = _num(d, "min_size", "", 1, lo=1, hi=gb, integer=True)
-    raw_ranks = d.get("ranks")
+    data = _check_keys(d, _TOP, "scenario")
+    batch = _num(data, "global_batch", "", lo=1, hi=MAX_GLOBAL_BATCH, integer=True)
+    steps = _num(data, "steps", "", lo=1, hi=MAX_STEPS, integer=True)
+    window = _num(data, "window", "", 30, lo=1, hi=steps, integer=True)
+    comm = _num(data, "comm", "", 0.0, lo=0.0, hi=LIMITS["comm"])
+    min_size = _num(data, "min_size", "", 1, lo=1, hi=batch, integer=True)
+    raw_ranks = data.get("ranks")
     if not isinstance(raw_ranks, list) or not raw_ranks:
         raise ScenarioError("ranks must be a non-empty list of rank mappings")
     if len(raw_ranks) > MAX_RANKS:
         raise ScenarioError(
             f"ranks has {len(raw_ranks)} entries; at most {MAX_RANKS} are simulated"
         )
-    if gb > MAX_PER_RANK * len(raw_ranks):
+    if batch > MAX_PER_RANK * len(raw_ranks):
         raise ScenarioError(
-            f"global_batch={gb} over {len(raw_ranks)} ranks is more than {MAX_PER_RANK:,} "
-            "samples per rank; add ranks or use a smaller global_batch"
+            f"global_batch={batch} over {len(raw_ranks)} ranks is more than "
+            f"{MAX_PER_RANK:,} samples per rank; add ranks or use a smaller global_batch"
         )
     if len(raw_ranks) * steps > MAX_RANK_STEPS:
         raise ScenarioError(
@@ -263,69 +264,71 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
             "rank-steps; shorten the run (steps)"
         )
     ranks = []
-    for i, r in enumerate(raw_ranks):
-        where = f"ranks[{i}]."
-        r = _check_keys(r, _RANK, f"ranks[{i}]")
-        cap = r.get("mem_cap")
+    for index, rank_map in enumerate(raw_ranks):
+        where = f"ranks[{index}]."
+        rank_map = _check_keys(rank_map, _RANK, f"ranks[{index}]")
+        cap = rank_map.get("mem_cap")
         if cap is not None:
-            cap = _num(r, "mem_cap", where, lo=min_size, hi=MAX_GLOBAL_BATCH, integer=True)
-        ranks.append(_rank(r, where, cap))
-    n = len(ranks)
-    if gb < n * min_size:
-        raise ScenarioError(f"global_batch={gb} cannot give {n} ranks min_size={min_size}")
-    caps = [min(r.mem_cap, gb) if r.mem_cap is not None else gb for r in ranks]
-    if sum(caps) < gb:
-        raise ScenarioError(f"ranks[*].mem_cap sum to {sum(caps)}, below global_batch={gb}")
-    even_hi = -(-gb // n)
+            cap = _num(rank_map, "mem_cap", where, lo=min_size, hi=MAX_GLOBAL_BATCH, integer=True)
+        ranks.append(_rank(rank_map, where, cap))
+    nranks = len(ranks)
+    if batch < nranks * min_size:
+        raise ScenarioError(f"global_batch={batch} cannot give {nranks} ranks min_size={min_size}")
+    caps = [min(r.mem_cap, batch) if r.mem_cap is not None else batch for r in ranks]
+    if sum(caps) < batch:
+        raise ScenarioError(f"ranks[*].mem_cap sum to {sum(caps)}, below global_batch={batch}")
+    even_hi = -(-batch // nranks)
     small = [i for i, c in enumerate(caps) if c < even_hi]
     if small:
         raise ScenarioError(
             f"ranks[{small[0]}].mem_cap={caps[small[0]]} is below the even split {even_hi}"
         )
-    noise = _noise(d.get("noise", {}))
-    shape_change_s = _num(d, "shape_change_s", "", 0.0, lo=0.0, hi=LIMITS["overhead_s"])
-    shape_cache = _num(d, "shape_cache", "", 8, lo=1, hi=4096, integer=True)
-    epoch_steps = _num(d, "epoch_steps", "", 300, lo=1, hi=MAX_STEPS, integer=True)
-    raw_events = d.get("events", [])
+    noise = _noise(data.get("noise", {}))
+    shape_change_s = _num(data, "shape_change_s", "", 0.0, lo=0.0, hi=LIMITS["overhead_s"])
+    shape_cache = _num(data, "shape_cache", "", 8, lo=1, hi=4096, integer=True)
+    epoch_steps = _num(data, "epoch_steps", "", 300, lo=1, hi=MAX_STEPS, integer=True)
+    raw_events = data.get("events", [])
     if not isinstance(raw_events, list):
         raise ScenarioError("events must be a list")
     events = []
-    for i, e in enumerate(raw_events):
-        where = f"events[{i}]."
-        e = _check_keys(e, _EVENT, f"events[{i}]")
-        er = e.get("ranks")
+    for index, event in enumerate(raw_events):
+        where = f"events[{index}]."
+        event = _check_keys(event, _EVENT, f"events[{index}]")
+        picked = event.get("ranks")
         if (
-            not isinstance(er, list)
-            or not er
-            or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < n for x in er)
+            not isinstance(picked, list)
+            or not picked
+            or any(
+                isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < nranks for x in picked
+            )
         ):
             raise ScenarioError(
-                f"{where}ranks must be a non-empty list of rank indices in [0, {n})"
+                f"{where}ranks must be a non-empty list of rank indices in [0, {nranks})"
             )
-        start = _num(e, "start", where, lo=0, integer=True)
-        end = _num(e, "end", where, lo=1, integer=True)
+        start = _num(event, "start", where, lo=0, integer=True)
+        end = _num(event, "end", where, lo=1, integer=True)
         if start >= steps or end > steps:
             raise ScenarioError(f"{where}start/end [{start}, {end}) outside the run [0, {steps})")
         if end <= start:
             raise ScenarioError(f"{where}end ({end}) must be greater than start ({start})")
         events.append(
             EventSpec(
-                tuple(er),
+                tuple(picked),
                 start,
                 end,
-                _num(e, "factor", where, lo=1.0 / LIMITS["factor"], hi=LIMITS["factor"]),
+                _num(event, "factor", where, lo=1.0 / LIMITS["factor"], hi=LIMITS["factor"]),
             )
         )
     workload = None
-    if "workload" in d:
+    if "workload" in data:
         workload = workload_from_dict(
-            d["workload"], gb, n, min_size, [r.mem_cap for r in ranks], MAX_PER_RANK
+            data["workload"], batch, nranks, min_size, [r.mem_cap for r in ranks], MAX_PER_RANK
         )
-    memory = memory_from_dict(d["memory"]) if "memory" in d else None
+    memory = memory_from_dict(data["memory"]) if "memory" in data else None
     pass_caps([r.memory_bytes for r in ranks], memory)  # each rank holds one sample
-    nm = d.get("name", name or "custom")
+    scenario_name = data.get("name", name or "custom")
     return Scenario(
-        gb,
+        batch,
         steps,
         tuple(ranks),
         window,
@@ -333,7 +336,7 @@ def scenario_from_dict(d: Mapping[str, Any], name: str | None = None) -> Scenari
         noise,
         tuple(events),
         min_size,
-        str(nm),
+        str(scenario_name),
         shape_change_s,
         shape_cache,
         epoch_steps,
@@ -368,27 +371,29 @@ def load_scenario(spec: str) -> Scenario:
         )
     try:
         text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{spec}: not a UTF-8 text file ({e.reason} at byte {e.start})") from e
+    except UnicodeDecodeError as err:
+        raise ScenarioError(
+            f"{spec}: not a UTF-8 text file ({err.reason} at byte {err.start})"
+        ) from err
     try:
         if path.suffix.lower() in {".yaml", ".yml"}:
             import yaml
 
             try:
                 data = yaml.safe_load(text)
-            except yaml.YAMLError as e:
-                raise ScenarioError(f"{spec}: invalid YAML: {' '.join(str(e).split())}") from e
+            except yaml.YAMLError as err:
+                raise ScenarioError(f"{spec}: invalid YAML: {' '.join(str(err).split())}") from err
         else:
             try:
                 data = json.loads(text)
-            except json.JSONDecodeError as e:
+            except json.JSONDecodeError as err:
                 raise ScenarioError(
-                    f"{spec}: invalid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-                ) from e
-    except RecursionError as e:
-        raise ScenarioError(f"{spec}: nested too deeply to be a scenario") from e
-    except ValueError as e:  # e.g. an integer of more digits than Python converts
-        raise ScenarioError(f"{spec}: cannot be read as a scenario: {e}") from e
+                    f"{spec}: invalid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+                ) from err
+    except RecursionError as err:
+        raise ScenarioError(f"{spec}: nested too deeply to be a scenario") from err
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise ScenarioError(f"{spec}: cannot be read as a scenario: {err}") from err
     return scenario_from_dict(data, name=path.stem)
 
 
@@ -403,13 +408,13 @@ def with_noise(s: Scenario, cv: float | None = None, ar1: float | None = None) -
     Returns:
         The validated copy.
     """
-    d = to_dict(s)
+    data = to_dict(s)
     if cv is not None:
-        d["noise"]["cv"] = cv
+        data["noise"]["cv"] = cv
     if ar1 is not None:  # one AR(1) process in place of any components
-        d["noise"].pop("components", None)
-        d["noise"]["ar1"] = ar1
-    return scenario_from_dict(d)
+        data["noise"].pop("components", None)
+        data["noise"]["ar1"] = ar1
+    return scenario_from_dict(data)
 
 
 def with_shape_change(s: Scenario, seconds: float) -> Scenario:
@@ -422,9 +427,9 @@ def with_shape_change(s: Scenario, seconds: float) -> Scenario:
     Returns:
         The validated copy.
     """
-    d = to_dict(s)
-    d["shape_change_s"] = seconds
-    return scenario_from_dict(d)
+    data = to_dict(s)
+    data["shape_change_s"] = seconds
+    return scenario_from_dict(data)
 
 
 def with_steps(s: Scenario, steps: int) -> Scenario:
@@ -437,6 +442,6 @@ def with_steps(s: Scenario, steps: int) -> Scenario:
     Returns:
         The validated copy.
     """
-    d = to_dict(s)
-    d["steps"] = steps
-    return scenario_from_dict(d)
+    data = to_dict(s)
+    data["steps"] = steps
+    return scenario_from_dict(data)

@@ -78,15 +78,15 @@ class Workload:
         Returns:
             ``|G|^2`` and ``tr(Sigma)``.
         """
-        x = [r[0] for r in self.trace]
-        g = float(np.interp(progress, x, [r[1] for r in self.trace]))
-        s = float(np.interp(progress, x, [r[2] for r in self.trace]))
-        return g, s
+        progresses = [r[0] for r in self.trace]
+        grad_sqr = float(np.interp(progress, progresses, [r[1] for r in self.trace]))
+        grad_var = float(np.interp(progress, progresses, [r[2] for r in self.trace]))
+        return grad_sqr, grad_var
 
     def noise_scale(self, progress: float) -> float:
         """``phi = tr(Sigma) / |G|^2`` at ``progress``."""
-        g, s = self.stats(progress)
-        return s / g
+        grad_sqr, grad_var = self.stats(progress)
+        return grad_var / grad_sqr
 
     def efficiency(self, batch: float, progress: float) -> float:
         """Progress per sample at ``batch`` relative to ``b0``: ``(phi + b0) / (phi + B)``."""
@@ -107,13 +107,13 @@ class Workload:
         Returns:
             The number of steps.
         """
-        p, k = 0.0, 0
-        while p < self.target_progress:
-            if k >= max_steps:
+        progress, steps = 0.0, 0
+        while progress < self.target_progress:
+            if steps >= max_steps:
                 return None
-            p += self.step_progress(batch, p)
-            k += 1
-        return k
+            progress += self.step_progress(batch, progress)
+            steps += 1
+        return steps
 
 
 class GradientNorms:
@@ -139,16 +139,19 @@ class GradientNorms:
         Returns:
             The two squared norms of mean gradients.
         """
-        g2, s = self.workload.stats(progress)
-        b = np.asarray(plan, dtype=np.float64)
-        total = float(b.sum())
-        d = GRADIENT_DIMS
-        # rank r's mean gradient: G (along the first axis) plus noise of trace s / b_r
-        eps = self._rng.standard_normal((b.size, d)) * np.sqrt(s / d / b)[:, None]
-        eps[:, 0] += math.sqrt(max(g2, 0.0))
-        w = b / total
-        local = float(np.dot(w, np.einsum("ij,ij->i", eps, eps)))
-        glob = w @ eps
+        grad_sqr, grad_var = self.workload.stats(progress)
+        sizes = np.asarray(plan, dtype=np.float64)
+        total = float(sizes.sum())
+        dims = GRADIENT_DIMS
+        # rank r's mean gradient: G (along the first axis) plus noise of trace grad_var / b_r
+        eps = (
+            self._rng.standard_normal((sizes.size, dims))
+            * np.sqrt(grad_var / dims / sizes)[:, None]
+        )
+        eps[:, 0] += math.sqrt(max(grad_sqr, 0.0))
+        weights = sizes / total
+        local = float(np.dot(weights, np.einsum("ij,ij->i", eps, eps)))
+        glob = weights @ eps
         return local, float(glob @ glob)
 
 
@@ -176,53 +179,57 @@ def workload_from_dict(
     Raises:
         ScenarioError: Naming the field.
     """
-    d = check_keys(d, _WORKLOAD, "workload")
+    data = check_keys(d, _WORKLOAD, "workload")
     where = "workload."
-    b0 = number(d, "b0", where, lo=1, hi=_MAX_BATCH, integer=True)
-    target = number(d, "target_progress", where, lo=0.0, lo_open=True, hi=1e15)
-    rows = d.get("trace")
+    base_batch = number(data, "b0", where, lo=1, hi=_MAX_BATCH, integer=True)
+    target = number(data, "target_progress", where, lo=0.0, lo_open=True, hi=1e15)
+    rows = data.get("trace")
     if not isinstance(rows, list) or not rows or len(rows) > _MAX_TRACE_ROWS:
         raise ScenarioError(
             f"{where}trace must be a list of 1 to {_MAX_TRACE_ROWS:,} rows"
             " [progress, grad_sqr, grad_var]"
         )
     trace: list[tuple[float, float, float]] = []
-    for i, row in enumerate(rows):
+    for index, row in enumerate(rows):
         if not isinstance(row, list) or len(row) != 3:
-            raise ScenarioError(f"{where}trace[{i}] must be [progress, grad_sqr, grad_var]")
-        r = dict(zip(("progress", "grad_sqr", "grad_var"), row))
-        at = f"{where}trace[{i}]."
-        p = number(r, "progress", at, lo=0.0, hi=1e15)
-        g = number(r, "grad_sqr", at, lo=0.0, lo_open=True, hi=1e30)
-        s = number(r, "grad_var", at, lo=0.0, hi=1e30)
-        if trace and p <= trace[-1][0]:
-            raise ScenarioError(f"{at}progress must be greater than the row before's")
-        trace.append((p, g, s))
+            raise ScenarioError(f"{where}trace[{index}] must be [progress, grad_sqr, grad_var]")
+        fields = dict(zip(("progress", "grad_sqr", "grad_var"), row))
+        row_where = f"{where}trace[{index}]."
+        progress = number(fields, "progress", row_where, lo=0.0, hi=1e15)
+        grad_sqr = number(fields, "grad_sqr", row_where, lo=0.0, lo_open=True, hi=1e30)
+        grad_var = number(fields, "grad_var", row_where, lo=0.0, hi=1e30)
+        if trace and progress <= trace[-1][0]:
+            raise ScenarioError(f"{row_where}progress must be greater than the row before's")
+        trace.append((progress, grad_sqr, grad_var))
     room = sum(global_batch if c is None else c for c in caps)
-    if "batch_range" in d:
-        br = d["batch_range"]
-        if not isinstance(br, list) or len(br) != 2:
+    if "batch_range" in data:
+        bounds = data["batch_range"]
+        if not isinstance(bounds, list) or len(bounds) != 2:
             raise ScenarioError(f"{where}batch_range must be [min, max]")
-        r = {"min": br[0], "max": br[1]}
-        lo = number(
-            r, "min", f"{where}batch_range.", lo=n * min_size, hi=global_batch, integer=True
+        fields = {"min": bounds[0], "max": bounds[1]}
+        low = number(
+            fields, "min", f"{where}batch_range.", lo=n * min_size, hi=global_batch, integer=True
         )
-        hi = number(r, "max", f"{where}batch_range.", lo=global_batch, hi=_MAX_BATCH, integer=True)
-        if hi <= lo:
-            raise ScenarioError(f"{where}batch_range: max ({hi}) must be greater than min ({lo})")
+        high = number(
+            fields, "max", f"{where}batch_range.", lo=global_batch, hi=_MAX_BATCH, integer=True
+        )
+        if high <= low:
+            raise ScenarioError(
+                f"{where}batch_range: max ({high}) must be greater than min ({low})"
+            )
     else:
-        lo, hi = global_batch, min(16 * global_batch, room, max_per_rank * n)
-        if hi <= lo:
+        low, high = global_batch, min(16 * global_batch, room, max_per_rank * n)
+        if high <= low:
             raise ScenarioError(
                 f"{where}batch_range: the memory caps hold no global batch above {global_batch};"
                 " give the range"
             )
-    if hi > room:
+    if high > room:
         raise ScenarioError(
-            f"{where}batch_range: max {hi} is more than the memory caps hold ({room})"
+            f"{where}batch_range: max {high} is more than the memory caps hold ({room})"
         )
-    if hi > max_per_rank * n:
+    if high > max_per_rank * n:
         raise ScenarioError(
-            f"{where}batch_range: max {hi} over {n} ranks is more than {max_per_rank:,} per rank"
+            f"{where}batch_range: max {high} over {n} ranks is more than {max_per_rank:,} per rank"
         )
-    return Workload(b0, target, tuple(trace), (lo, hi))
+    return Workload(base_batch, target, tuple(trace), (low, high))
