@@ -88,7 +88,7 @@ def test_pass_caps_reach_the_controller_in_the_worker_before_it_observes() -> No
     obs.drain()
     # soft: the controller prices accumulation above 40 on rank 0, it does not bound it
     assert c.pass_caps == [40, None] and c.bounds.rank_caps is None
-    assert c.model.window_caps[-1] == [40, 0]  # the window was learnt as run under them
+    assert c.model.passes.windows[-1] == [40, 0]  # the window was learnt as run under them
     obs.submit(_window(1), {}, None)  # no rank reports a cap any more: the caps are dropped
     obs.drain()
     assert c.pass_caps is None

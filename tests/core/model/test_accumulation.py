@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from lightning_rex.core.decide.controller import Controller
-from lightning_rex.core.model.accumulation import PassAccumulation
-from lightning_rex.core.model.mixture import TileMixture
+from lightning_rex.core.model.accumulation import AccumulationCaps
 from lightning_rex.core.model.time_model import RankTimeModel
 from lightning_rex.core.passes import pass_split, pass_total, passes
 from lightning_rex.core.plans.filling import water_fill
@@ -49,7 +48,7 @@ def _trained(plans=((16, 16, 16), (24, 16, 8), (10, 20, 18), (20, 12, 16), (12, 
 
 def test_the_model_learns_single_passes_from_accumulating_windows():
     m = _trained()
-    assert m.window_caps[0] == [12, 0, 8]
+    assert m.passes.windows[0] == [12, 0, 8]
     mean, _ = m.predict_grid(np.arange(1, 41))
     true = _true_grid(40)
     np.testing.assert_allclose(mean[:, 4:], true[:, 4:], rtol=0.04)
@@ -74,39 +73,31 @@ def test_the_planner_prices_the_extra_passes():
 def test_without_caps_the_predictions_are_the_single_pass_ones():
     m = _trained()
     capped = m.predict_grid(np.arange(1, 13), kappa=0.5)
-    m.set_pass_caps(None)  # the windows stay learnt as run under their caps
-    assert m.pass_caps is None and m.window_caps[-1] == [12, 0, 8]
+    m.passes.set(None)  # the windows stay learnt as run under their caps
+    assert m.passes.current is None and m.passes.windows[-1] == [12, 0, 8]
     single = m.predict_grid(np.arange(1, 13), kappa=0.5)
     # sizes within every cap: one pass, the same prediction
     np.testing.assert_allclose(capped[0][:, :8], single[0][:, :8], rtol=1e-12)
     np.testing.assert_allclose(capped[0][[0, 1]], single[0][[0, 1]], rtol=1e-12)
 
 
-class _NegativeOverhead(TileMixture):
+def _negative_overhead_grid(sizes, kappa=0.0, var_points=96):
     """A single-pass curve with a negative intercept, as a poorly separated fit can give."""
-
-    world_size = 1
-
-    def predict_grid(self, sizes, kappa=0.0, var_points=96):
-        t = -0.5 + 0.1 * np.asarray(sizes, dtype=float)[None, :]
-        return t, t - kappa * 0.01
-
-    def predict(self, plan):
-        return -0.5 + 0.1 * np.asarray(plan, dtype=float)
+    times = -0.5 + 0.1 * np.asarray(sizes, dtype=float)[None, :]
+    return times, times - kappa * 0.01
 
 
-class _Capped(PassAccumulation, _NegativeOverhead):
-    pass
+def _negative_overhead(plan):
+    return -0.5 + 0.1 * np.asarray(plan, dtype=float)
 
 
 def test_accumulation_is_never_predicted_faster_than_one_pass():
-    m = _Capped()
-    m.set_pass_caps([10])
-    mean, low = m.predict_grid(np.arange(1, 31), kappa=1.0)
+    caps = AccumulationCaps(1, [10])
+    mean, low = caps.step_grid(_negative_overhead_grid, np.arange(1, 31), kappa=1.0)
     single = -0.5 + 0.1 * np.arange(1, 31)
     assert np.all(mean[0] >= single - 1e-12) and np.all(low[0] >= single - 0.01 - 1e-12)
     assert np.all(np.diff(mean[0]) >= 0)  # and so the staircase does not fall
-    assert m.predict((25,))[0] >= -0.5 + 2.5 - 1e-12
+    assert caps.step_times(_negative_overhead, (25,))[0] >= -0.5 + 2.5 - 1e-12
 
 
 def test_pass_caps_round_trip_and_old_states_load():
@@ -114,13 +105,13 @@ def test_pass_caps_round_trip_and_old_states_load():
     d = json.loads(json.dumps(m.state_dict()))
     m2 = RankTimeModel(3, 48, 46)
     m2.load_state_dict(d)
-    assert m2.pass_cap_list == [12, None, 8] and m2.window_caps == m.window_caps
+    assert m2.passes.as_list() == [12, None, 8] and m2.passes.windows == m.passes.windows
     g = np.arange(1, 47)
     np.testing.assert_array_equal(m.predict_grid(g)[0], m2.predict_grid(g)[0])
     old = {k: v for k, v in d.items() if k not in ("pass_caps", "window_caps")}
     m3 = RankTimeModel(3, 48, 46)
     m3.load_state_dict(old)
-    assert m3.pass_caps is None and m3.window_caps == [None] * m3.n_obs
+    assert m3.passes.current is None and m3.passes.windows == [None] * m3.n_obs
 
 
 def test_the_controller_takes_pass_caps_as_soft():
@@ -130,7 +121,7 @@ def test_the_controller_takes_pass_caps_as_soft():
     w = Window(0.5 * np.exp(rng.normal(0, 0.01, (3, 30))), (16, 16, 16), 0, 30)
     assert c.observe(w).kind == "hold"  # balanced: nothing to do
     c.set_pass_caps([12, None, 6])
-    assert c.model.pass_cap_list == [12, None, 6]
+    assert c.model.passes.as_list() == [12, None, 6]
     c.try_plan((30, 10, 8))  # above rank 0's cap: a priced size, not a broken bound
     assert c.phase == "validating"
     with pytest.raises(ValueError, match="pass_caps must have 3 entries"):

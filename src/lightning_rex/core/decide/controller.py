@@ -161,7 +161,7 @@ class Controller:
     @property
     def pass_caps(self) -> list[int | None] | None:
         """Per-rank pass caps (None entries for none), or None when no rank has one."""
-        return self.model.pass_cap_list
+        return self.model.passes.as_list()
 
     def set_pass_caps(self, pass_caps: Sequence[int | None] | None) -> None:
         """Each rank's pass cap (soft): the next window ran under it, the next plan prices it.
@@ -172,7 +172,7 @@ class Controller:
         Raises:
             ValueError: For the wrong number of caps or a cap below 1.
         """
-        self.model.set_pass_caps(pass_caps)
+        self.model.passes.set(pass_caps)
 
     def predict_step_time(self, global_batch: int) -> tuple[Plan, float]:
         """The model's best plan for another global batch, and its predicted step time.

@@ -12,32 +12,50 @@ pass's fixed cost at every multiple of the cap, and never below the single-pass 
 fit whose overhead came out negative, from sizes too close together to separate overhead
 from rate, would otherwise offer accumulation as a speed-up). So every reader of the model
 (the planner's water-filling, validation, change points, the global batch scaler) prices
-accumulation without knowing about it. The optimistic quantile of a step is the sum of its passes'
-quantiles: the passes share one curve, so their errors move together.
+accumulation without knowing about it. The optimistic quantile of a step is the sum of its
+passes' quantiles: the passes share one curve, so their errors move together.
 
-Without any cap, :class:`PassAccumulation` changes nothing: the data and the predictions are
-the tile mixture's own, bit for bit.
+:class:`AccumulationCaps` is the part of the time model
+(:class:`~lightning_rex.core.model.time_model.RankTimeModel`) that knows the caps: the model
+holds one, hands it the windows it learns from, and asks it for steps with its single-pass
+predictions. Without any cap it changes nothing: the data and the predictions are the tile
+mixture's own, bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from lightning_rex.core.model.mixture import TileMixture
 from lightning_rex.core.passes import cap_array, pass_split, pass_total, per_pass
 
-__all__ = ["PassAccumulation"]
+__all__ = ["AccumulationCaps", "GridPredictor", "PlanPredictor"]
 
 
-class PassAccumulation(TileMixture):
-    """Pass caps now and per window; observations as single passes; predictions as steps."""
+GridPredictor = Callable[[np.ndarray, float, int], tuple[np.ndarray, np.ndarray]]
+"""``(sizes, kappa, var_points) -> (mean, quantile)``, each ``(N, G)``: a grid prediction."""
+PlanPredictor = Callable[[tuple[int, ...]], np.ndarray]
+"""``plan -> (N,)`` seconds: every rank's time at its size in the plan."""
 
-    pass_caps: np.ndarray | None
-    window_caps: list[list[int] | None]
 
-    def set_pass_caps(self, caps: Sequence[int | None] | None) -> None:
+class AccumulationCaps:
+    """Pass caps now and per window; observations as single passes; predictions as steps.
+
+    Args:
+        world_size: The number of ranks ``N``.
+        caps: Per-rank caps (samples per pass, None entries for none), or None.
+
+    Raises:
+        ValueError: For the wrong number of caps or a cap below 1.
+    """
+
+    def __init__(self, world_size: int, caps: Sequence[int | None] | None = None) -> None:
+        self.world_size = int(world_size)
+        self.current: np.ndarray | None = cap_array(caps, self.world_size)
+        self.windows: list[list[int] | None] = []  # the caps each held window ran under
+
+    def set(self, caps: Sequence[int | None] | None) -> None:
         """Each rank's current pass cap: the next windows run under it, predictions use it.
 
         Args:
@@ -46,18 +64,17 @@ class PassAccumulation(TileMixture):
         Raises:
             ValueError: For the wrong number of caps or a cap below 1.
         """
-        self.pass_caps = cap_array(caps, self.world_size)
+        self.current = cap_array(caps, self.world_size)
 
-    @property
-    def pass_cap_list(self) -> list[int | None] | None:
+    def as_list(self) -> list[int | None] | None:
         """The current pass caps (None entries for none), or None when no rank has one."""
-        if self.pass_caps is None:
+        if self.current is None:
             return None
-        return [None if c <= 0 else int(c) for c in self.pass_caps]
+        return [None if cap <= 0 else int(cap) for cap in self.current]
 
-    def _caps_row(self) -> list[int] | None:
+    def row(self) -> list[int] | None:
         """The current caps as a window's record (0: none), or None without caps."""
-        return None if self.pass_caps is None else [int(c) for c in self.pass_caps]
+        return None if self.current is None else [int(cap) for cap in self.current]
 
     def _window_caps(self, rows: Sequence[list[int] | None]) -> np.ndarray | None:
         """Windows' caps as ``(N, W)`` (0: none), or None when no window had any."""
@@ -66,7 +83,7 @@ class PassAccumulation(TileMixture):
         zero = [0] * self.world_size
         return np.asarray([zero if r is None else r for r in rows], dtype=np.int64).T
 
-    def _single_passes(
+    def single_passes(
         self, sizes: np.ndarray, times: np.ndarray, rows: Sequence[list[int] | None]
     ) -> tuple[np.ndarray, np.ndarray]:
         """Windows' sizes and times ``(N, W)`` as single passes under their caps.
@@ -74,7 +91,7 @@ class PassAccumulation(TileMixture):
         Args:
             sizes: Per-rank sizes, ``(N, W)`` (or ``(N,)`` for one window).
             times: Their medians, of the same shape.
-            rows: Each window's caps (from :meth:`_caps_row`).
+            rows: Each window's caps (from :meth:`row`).
 
         Returns:
             ``(sizes, times)``; the inputs themselves when no window had caps.
@@ -84,15 +101,16 @@ class PassAccumulation(TileMixture):
             return sizes, times
         return per_pass(sizes, times, caps.reshape(np.shape(sizes)))
 
-    def predict_grid(
-        self, sizes: np.ndarray, kappa: float = 0.0, var_points: int = 96
+    def step_grid(
+        self, single: GridPredictor, sizes: np.ndarray, kappa: float = 0.0, var_points: int = 96
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and optimistic quantile of every rank's step time on a size grid.
+        """Mean and optimistic quantile of every rank's step time on a size grid.
 
         A rank whose size exceeds its pass cap takes the sum of its passes' single-pass
-        predictions (see the module docstring); without caps this is the tile mixture's.
+        predictions (see the module docstring); without caps this is ``single``'s own.
 
         Args:
+            single: The single-pass prediction on a grid (the tile mixture's).
             sizes: The grid, shape ``(G,)``, shared by all ranks.
             kappa: Standard deviations of the quantile below the mean (0: the mean).
             var_points: Points the quantile's distance is computed on (then interpolated).
@@ -100,14 +118,14 @@ class PassAccumulation(TileMixture):
         Returns:
             ``(mean, quantile)``, both shape ``(N, G)`` in seconds.
         """
-        caps = self.pass_caps
+        caps = self.current
         if caps is None:
-            return super().predict_grid(sizes, kappa, var_points)
+            return single(sizes, kappa, var_points)
         grid = np.rint(np.asarray(sizes, dtype=np.float64)).astype(np.int64)
         k, q, m = pass_split(grid[None, :], caps[:, None])
         q_next = np.where(m > 0, q + 1, q)
         need = np.unique(np.concatenate([grid, q.ravel(), q_next.ravel()]))
-        mean1, quant1 = super().predict_grid(need.astype(np.float64), kappa, var_points)
+        mean1, quant1 = single(need.astype(np.float64), kappa, var_points)
         rows = np.arange(self.world_size)[:, None]
         index_q, index_q_next = np.searchsorted(need, q), np.searchsorted(need, q_next)
         whole = np.searchsorted(need, grid)[None, :]
@@ -119,24 +137,23 @@ class PassAccumulation(TileMixture):
         low = pass_total(k, m, quant1[rows, index_q], quant1[rows, index_q_next])
         return mean, np.maximum(low, quant1[rows, whole])
 
-    def predict(self, plan: tuple[int, ...]) -> np.ndarray:
-        """Posterior mean step time of every rank at its size in ``plan``, passes included.
+    def step_times(self, single: PlanPredictor, plan: tuple[int, ...]) -> np.ndarray:
+        """Mean step time of every rank at its size in ``plan``, passes included.
 
         Args:
+            single: The single-pass prediction at a plan (the tile mixture's).
             plan: Per-rank sizes.
 
         Returns:
             Seconds, shape ``(N,)``.
         """
-        caps = self.pass_caps
+        caps = self.current
         if caps is None:
-            return super().predict(plan)
+            return single(plan)
         k, q, m = pass_split(np.asarray(plan, dtype=np.int64), caps)
-        whole = super().predict(tuple(int(b) for b in plan))
+        whole = single(tuple(int(b) for b in plan))
         if not bool((k > 1).any()):
             return whole
-        time_q = super().predict(tuple(int(x) for x in q))
-        time_q_next = (
-            super().predict(tuple(int(x) for x in q + 1)) if bool((m > 0).any()) else time_q
-        )
+        time_q = single(tuple(int(x) for x in q))
+        time_q_next = single(tuple(int(x) for x in q + 1)) if bool((m > 0).any()) else time_q
         return np.maximum(pass_total(k, m, time_q, time_q_next), whole)

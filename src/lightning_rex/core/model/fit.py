@@ -10,11 +10,12 @@ ranks' marginal likelihoods.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from lightning_rex.core.model.kernels import SplineKernel
 
-__all__ = ["fit_residual_scale", "load_fitting"]
+__all__ = ["fit_on_subset", "fit_residual_scale", "load_fitting"]
 
 _DT = torch.float64
 
@@ -100,3 +101,39 @@ def fit_residual_scale(
         except Exception:  # keep the previous scale if BoTorch cannot fit
             return None
     return float(model.covar_module.outputscale.detach())
+
+
+def fit_on_subset(
+    data: tuple[torch.Tensor, ...],
+    tiles: np.ndarray,
+    basis: tuple[int, float, float],
+    outputscale: float,
+    subset: int,
+    seed: int,
+    n_fits: int,
+) -> float | None:
+    """:func:`fit_residual_scale` on a seeded subset of ranks, sizes padded to their tiles.
+
+    Args:
+        data: The windows' ``(sizes, relative medians, noise variances)``, ``(N, W)`` each.
+        tiles: Each rank's most probable tile, ``(N,)`` (1: none): a size runs as a full
+            tile's cost.
+        basis: The spline kernel's ``(num_basis, lower, upper)`` (log scale).
+        outputscale: The scale in use (the starting point).
+        subset: How many ranks to fit on.
+        seed: The model's seed.
+        n_fits: This fit's count (from 1): the subset is drawn from ``[seed, n_fits - 1]``
+            and the optimiser seeded with ``seed + n_fits``.
+
+    Returns:
+        The fitted scale, or None (see :func:`fit_residual_scale`).
+    """
+    sizes, times, noise_var = data
+    tile_sizes = torch.as_tensor(tiles, dtype=sizes.dtype).view(-1, 1)
+    # the sizes as the kernels run them (a full tile's cost)
+    sizes = torch.ceil(sizes / tile_sizes) * tile_sizes
+    rng = np.random.default_rng([seed, n_fits - 1])
+    ranks = np.sort(rng.choice(sizes.shape[0], size=subset, replace=False))
+    return fit_residual_scale(
+        sizes[ranks], times[ranks], noise_var[ranks], basis, outputscale, seed + n_fits
+    )

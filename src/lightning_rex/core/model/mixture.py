@@ -1,17 +1,19 @@
 """The time model's tile mixture: predictions averaged over the tile hypotheses.
 
-:class:`TileMixture` gives :class:`~lightning_rex.core.model.time_model.RankTimeModel` its
-tile weights (:attr:`TileMixture.tile_weights`, :attr:`TileMixture.tile`), the hypotheses
-in use as BoTorch models (:meth:`TileMixture.mixture`) and the predictions that mix them
-with each rank's weights (:meth:`TileMixture.predict_grid`, :meth:`TileMixture.predict`):
-Bayesian model averaging over the ``(tile, wave)`` hypotheses of
-:mod:`~lightning_rex.core.model.tiles`.
+A :class:`TileMixture` is built from one posterior of
+:class:`~lightning_rex.core.model.time_model.RankTimeModel`: every ``(tile, wave)``
+hypothesis in use with its weight posterior, and each rank's posterior probability of every
+hypothesis (:mod:`~lightning_rex.core.model.tiles`). It gives the hypotheses as BoTorch
+models (:meth:`TileMixture.models`) and the predictions that mix them with each rank's
+weights (:meth:`TileMixture.predict_grid`, :meth:`TileMixture.predict`): Bayesian model
+averaging over the hypotheses. A new posterior (new data, groups or hyperparameters) makes a
+new mixture, so the models it builds are kept for as long as it lives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,67 +24,40 @@ if TYPE_CHECKING:  # torch and BoTorch load when a model is built, not on import
 
     from lightning_rex.core.model.posterior import SplineAffineModel
 
-__all__ = ["TileMixture"]
+__all__ = ["ModelBuilder", "TileMixture"]
+
+ModelBuilder = Callable[
+    ["torch.Tensor", "torch.Tensor", tuple[int, int], "np.ndarray | None"], "SplineAffineModel"
+]
+"""``(mean, cov, hypothesis, rows) -> model``: a hypothesis's weight posterior as a BoTorch
+model, of the ranks ``rows`` selects (all with None)."""
 
 
 class TileMixture:
-    """Tile weights, the tile hypotheses' models and their mixed predictions."""
+    """The tile hypotheses of one posterior, as models, and their mixed predictions.
 
-    world_size: int
-    scale: np.ndarray | None
-    _weights: np.ndarray
-    _tile_posts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]
-    _rows_cache: tuple[Any, list[tuple[SplineAffineModel, np.ndarray, np.ndarray]]] | None = None
+    Args:
+        world_size: The number of ranks ``N``.
+        weights: Each rank's posterior probability of every hypothesis, ``(N, H)``, in the
+            order of :data:`~lightning_rex.core.model.tiles.HYPOTHESES`.
+        posteriors: Every hypothesis in use to its weight posterior ``(mean, cov)``.
+        build: Turns a weight posterior into a BoTorch model (:data:`ModelBuilder`).
+    """
 
-    if TYPE_CHECKING:  # provided by the time model
+    def __init__(
+        self,
+        world_size: int,
+        weights: np.ndarray,
+        posteriors: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]],
+        build: ModelBuilder,
+    ) -> None:
+        self.world_size = int(world_size)
+        self.weights = weights
+        self.posteriors = posteriors
+        self._build = build
+        self._rows: list[tuple[SplineAffineModel, np.ndarray, np.ndarray]] | None = None
 
-        def _posterior(self) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-        def _features(self, b: torch.Tensor, hypothesis: Any = None) -> torch.Tensor: ...
-
-        def _as_model(
-            self,
-            mu: torch.Tensor,
-            cov: torch.Tensor,
-            features: Callable[[torch.Tensor], torch.Tensor],
-            rows: np.ndarray | None = None,
-        ) -> SplineAffineModel: ...
-
-    @property
-    def tile_weights(self) -> np.ndarray:
-        """Each rank's posterior probability of every tile hypothesis, ``(N, H)``.
-
-        In the order of :data:`~lightning_rex.core.model.tiles.HYPOTHESES`
-        (:func:`~lightning_rex.core.model.tiles.hypothesis_weights`); all on no tile before
-        the first window.
-        """
-        if self.scale is not None:
-            self._posterior()
-        return self._weights
-
-    @property
-    def tile(self) -> np.ndarray:
-        """Each rank's most probable ``(tile, wave)``, ``(N, 2)`` (1: none of that kind)."""
-        return np.asarray(HYPOTHESES, dtype=np.int64)[self.tile_weights.argmax(axis=1)]
-
-    def _tiled(self, hypothesis: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Features under one ``(tile, wave)`` hypothesis for every rank."""
-
-        def features(b: torch.Tensor) -> torch.Tensor:
-            return self._features(b, hypothesis)
-
-        return features
-
-    def _features_at(self, b: torch.Tensor) -> torch.Tensor:
-        """Features with each rank's most probable tile (``(G,)`` sizes expand to ``(N, G)``)."""
-        tile = self.tile
-        if bool((tile == 1).all()):
-            return self._features(b, (1, 1))
-        if b.dim() == 1:
-            b = b.expand(self.world_size, -1)
-        return self._features(b, tile)
-
-    def mixture(self) -> list[tuple[SplineAffineModel, np.ndarray]]:
+    def models(self) -> list[tuple[SplineAffineModel, np.ndarray]]:
         """The tile hypotheses in use, each as a BoTorch model with every rank's weight on it.
 
         Returns:
@@ -91,13 +66,12 @@ class TileMixture:
             each of at least :data:`~lightning_rex.core.model.tiles.MIN_WEIGHT`);
             ``weights`` has shape ``(N,)``, and a rank's weights sum to 1.
         """
-        self._posterior()
-        used = sorted(self._tile_posts)
-        weights = self.tile_weights[:, [HYPOTHESES.index(t) for t in used]]
+        used = sorted(self.posteriors)
+        weights = self.weights[:, [HYPOTHESES.index(hyp) for hyp in used]]
         weights = weights / weights.sum(axis=1, keepdims=True)
         return [
-            (self._as_model(*self._tile_posts[t], self._tiled(t)), weights[:, i])
-            for i, t in enumerate(used)
+            (self._build(*self.posteriors[hyp], hyp, None), weights[:, index])
+            for index, hyp in enumerate(used)
         ]
 
     def predict_grid(
@@ -136,7 +110,14 @@ class TileMixture:
         return mean, (quantile if kappa > 0 else mean.copy())
 
     def predict(self, plan: tuple[int, ...]) -> np.ndarray:
-        """Posterior mean time of every rank at its size in ``plan``, seconds, shape (N,)."""
+        """Posterior mean time of every rank at its size in ``plan``.
+
+        Args:
+            plan: Per-rank sizes.
+
+        Returns:
+            Seconds, shape ``(N,)``.
+        """
         import torch
 
         plan_sizes = np.asarray(plan, dtype=np.float64)
@@ -147,7 +128,7 @@ class TileMixture:
         return out
 
     def _mixture_rows(self) -> list[tuple[SplineAffineModel, np.ndarray, np.ndarray]]:
-        """:meth:`mixture`, each hypothesis's model built for the ranks that weigh it only.
+        """:meth:`models`, each hypothesis's model built for the ranks that weigh it only.
 
         Returns:
             ``[(model, weights, rows), ...]``: ``rows`` a boolean mask over ranks, the
@@ -155,18 +136,12 @@ class TileMixture:
         """
         import torch
 
-        post = self._posterior()
-        cached = self._rows_cache
-        if cached is not None and cached[0] is post:  # the models of this posterior, built
-            return list(cached[1])
-        out = []
-        for hypothesis in sorted(self._tile_posts):
-            weights = self.tile_weights[:, HYPOTHESES.index(hypothesis)]
-            rows = weights > 0
-            mean, cov = (x[torch.as_tensor(rows)] for x in self._tile_posts[hypothesis])
-            out.append(
-                (self._as_model(mean, cov, self._tiled(hypothesis), rows), weights[rows], rows)
-            )
-        # every change to the data, the groups or the hyperparameters makes a new posterior
-        self._rows_cache = (post, out)
-        return list(out)
+        if self._rows is None:  # built once for this posterior
+            self._rows = []
+            for hypothesis in sorted(self.posteriors):
+                weights = self.weights[:, HYPOTHESES.index(hypothesis)]
+                rows = weights > 0
+                mean, cov = (x[torch.as_tensor(rows)] for x in self.posteriors[hypothesis])
+                model = self._build(mean, cov, hypothesis, rows)
+                self._rows.append((model, weights[rows], rows))
+        return list(self._rows)

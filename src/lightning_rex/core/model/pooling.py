@@ -11,6 +11,7 @@ torch loads inside the functions, when a model solves, not on import.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -138,3 +139,45 @@ def pooled_posterior(
     post_mean[pooled_ranks] = mu_g * factor.unsqueeze(-1)
     cov[pooled_ranks] = cov_own[src[pooled_ranks]].mul_((factor * factor).view(-1, 1, 1))
     return post_mean, cov
+
+
+def leave_groups(group: np.ndarray, ranks: Sequence[int]) -> None:
+    """Take ``ranks`` out of their device groups, in place: each gets a curve of its own.
+
+    A rank whose speed changed is no longer like its group. A group led by one of them
+    (group ids are a member's index) is then led by its next member.
+
+    Args:
+        group: Each rank's group (the index of its first member), shape ``(N,)``; changed.
+        ranks: The ranks that leave.
+    """
+    gone = np.zeros(group.size, dtype=bool)
+    gone[list(ranks)] = True
+    for rank in ranks:
+        rest = np.flatnonzero((group == rank) & ~gone)
+        if rest.size:
+            group[rest] = rest.min()
+    group[list(ranks)] = list(ranks)
+
+
+def device_groups(labels: Sequence[str | None] | None, world_size: int) -> np.ndarray:
+    """Each rank's device group: the index of the first rank with its label.
+
+    Args:
+        labels: Per-rank device labels (None: a group of its own), or None for no groups.
+        world_size: The number of ranks ``N``.
+
+    Returns:
+        Shape ``(N,)`` int64; a rank without a label is its own group.
+
+    Raises:
+        ValueError: For the wrong number of labels.
+    """
+    if labels is not None and len(labels) != world_size:
+        raise ValueError(f"groups must have {world_size} labels, got {len(labels)}")
+    first: dict[str, int] = {}
+    names = [None] * world_size if labels is None else list(labels)
+    return np.array(
+        [r if g is None else first.setdefault(str(g), r) for r, g in enumerate(names)],
+        dtype=np.int64,
+    )

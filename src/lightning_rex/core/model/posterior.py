@@ -35,7 +35,7 @@ from linear_operator.operators import (
 )
 from scipy import stats
 
-__all__ = ["SplineAffineModel", "grid_quantile", "optimistic_quantile"]
+__all__ = ["SplineAffineModel", "grid_quantile", "optimistic_quantile", "weights_model"]
 
 _DENSE_ROOT_SIZES = 256
 """Up to this many sizes per rank, the covariance root ``F L`` is computed at once."""
@@ -185,6 +185,46 @@ class SplineAffineModel(Model):
         if self._cov is None:
             self._cov = self.weights_root @ self.weights_root.transpose(-1, -2)
         return self._cov
+
+
+def weights_model(
+    mean: torch.Tensor,
+    cov: torch.Tensor,
+    features: Callable[[torch.Tensor], torch.Tensor],
+    scale: torch.Tensor,
+    last_pass: Callable[[], tuple[np.ndarray, np.ndarray]],
+    b_ref: float,
+) -> SplineAffineModel:
+    """A weight posterior as a :class:`SplineAffineModel`, with the fallback for bad slopes.
+
+    A rank whose fitted slope is not positive (a change it has not yet been told about, or
+    too little spread in its sizes) would offer "free" capacity to the planner: it falls back
+    to the proportional model through its latest observation, with no claimed certainty,
+    since compute time never falls as the batch grows.
+
+    Args:
+        mean: The ranks' weight posterior means, ``(n, D)`` (relative units).
+        cov: Their covariances, ``(n, D, D)``.
+        features: Maps sizes ``(..., G)`` to features ``(..., G, D)``.
+        scale: The ranks' units (seconds), ``(n,)``.
+        last_pass: The ranks' latest window as one pass, ``(sizes, seconds)`` each ``(n,)``;
+            called only when some slope needs the fallback.
+        b_ref: The unit of sizes in the features (``u = b / b_ref``).
+
+    Returns:
+        The model, in seconds.
+    """
+    root = torch.linalg.cholesky(cov)
+    bad = mean[:, 1] <= 0
+    if bool(bad.any()):
+        mean, root = mean.clone(), root.clone()
+        pass_sizes, pass_times = last_pass()
+        last_b = torch.as_tensor(pass_sizes, dtype=torch.float64)[bad]
+        last_y = torch.as_tensor(pass_times, dtype=torch.float64)[bad]
+        mean[bad] = 0.0
+        mean[bad, 1] = last_y / scale[bad] * b_ref / last_b
+        root[bad] = 0.0
+    return SplineAffineModel(mean, root, features, scale)
 
 
 def optimistic_quantile(posterior: GPyTorchPosterior, kappa: float) -> torch.Tensor:

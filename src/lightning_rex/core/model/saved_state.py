@@ -1,15 +1,13 @@
 """A rank time model's saved form: written, checked field by field, and restored.
 
-:class:`SavedModelState` gives :class:`~lightning_rex.core.model.time_model.RankTimeModel`
-its ``state_dict`` / ``load_state_dict``; :func:`check_model_state` checks saved state
-before anything is loaded.
+:func:`model_state` is what :class:`~lightning_rex.core.model.time_model.RankTimeModel`'s
+``state_dict`` returns; :func:`check_model_state` checks saved state before anything is
+loaded.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from lightning_rex.core.saved import (
     StateError,
@@ -22,7 +20,10 @@ from lightning_rex.core.saved import (
     whole,
 )
 
-__all__ = ["SavedModelState", "check_model_state"]
+if TYPE_CHECKING:
+    from lightning_rex.core.model.time_model import RankTimeModel
+
+__all__ = ["check_model_state", "model_state"]
 
 
 def check_model_state(d: Any, world_size: int, name: str = "model") -> dict[str, Any]:
@@ -74,72 +75,28 @@ def check_model_state(d: Any, world_size: int, name: str = "model") -> dict[str,
     return out
 
 
-class SavedModelState:
-    """``state_dict`` / ``load_state_dict`` of the rank time model (its stored fields)."""
+def model_state(model: RankTimeModel) -> dict[str, Any]:
+    """A rank time model's JSON-able state: observations, scale, hyperparameters, fit count.
 
-    world_size: int
-    outputscale: float
-    n_fits: int
-    scale: np.ndarray | None
-    first_u: np.ndarray | None
-    sizes: list[list[int]]
-    medians: list[list[float]]
-    rel_var: list[float]
-    n_added: int
-    cutoff: np.ndarray
-    group: np.ndarray
-    pass_caps: np.ndarray | None
-    window_caps: list[list[int] | None]
-    _post: Any
-    _weights_fresh: bool
+    Args:
+        model: The :class:`~lightning_rex.core.model.time_model.RankTimeModel`.
 
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-able state: observations, scale, hyperparameters and fit count."""
-        return {
-            "outputscale": self.outputscale,
-            "n_fits": self.n_fits,
-            "scale": None if self.scale is None else [float(s) for s in self.scale],
-            "first_u": None if self.first_u is None else [float(s) for s in self.first_u],
-            "sizes": [list(r) for r in self.sizes],
-            "medians": [list(r) for r in self.medians],
-            "rel_var": list(self.rel_var),
-            "n_added": self.n_added,
-            "cutoff": [int(c) for c in self.cutoff],
-            "group": [int(g) for g in self.group],
-            "pass_caps": None if self.pass_caps is None else [int(c) for c in self.pass_caps],
-            "window_caps": [None if r is None else list(r) for r in self.window_caps],
-        }
-
-    #: Check saved model state against the number of ranks, without loading it: see
-    #: :func:`check_model_state`.
-    check_state = staticmethod(check_model_state)
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output.
-
-        Args:
-            d: A dict from :meth:`state_dict`.
-
-        Raises:
-            StateError: Naming the field, when the state does not fit (see
-                :meth:`check_state`).
-        """
-        state = self.check_state(d, self.world_size)
-        self.outputscale = state["outputscale"]
-        self.n_fits = state["n_fits"]
-        self.scale = (
-            None if state["scale"] is None else np.asarray(state["scale"], dtype=np.float64)
-        )
-        self.first_u = (
-            None if state["first_u"] is None else np.asarray(state["first_u"], dtype=np.float64)
-        )
-        self.sizes = state["sizes"]
-        self.medians = state["medians"]
-        self.rel_var = state["rel_var"]
-        self.n_added = state["n_added"]
-        self.cutoff = np.asarray(state["cutoff"], dtype=np.int64)
-        self.group = np.asarray(state["group"], dtype=np.int64)
-        caps = state["pass_caps"]
-        self.pass_caps = None if caps is None or not any(caps) else np.asarray(caps, dtype=np.int64)
-        self.window_caps = state["window_caps"]
-        self._post, self._weights_fresh = None, False
+    Returns:
+        What :meth:`~lightning_rex.core.model.time_model.RankTimeModel.load_state_dict`
+        restores, and :func:`check_model_state` checks.
+    """
+    scale, first_u, caps = model.scale, model.first_u, model.passes.current
+    return {
+        "outputscale": model.outputscale,
+        "n_fits": model.n_fits,
+        "scale": None if scale is None else [float(value) for value in scale],
+        "first_u": None if first_u is None else [float(value) for value in first_u],
+        "sizes": [list(row) for row in model.sizes],
+        "medians": [list(row) for row in model.medians],
+        "rel_var": list(model.rel_var),
+        "n_added": model.n_added,
+        "cutoff": [int(value) for value in model.cutoff],
+        "group": [int(value) for value in model.group],
+        "pass_caps": None if caps is None else [int(cap) for cap in caps],
+        "window_caps": [None if row is None else list(row) for row in model.passes.windows],
+    }

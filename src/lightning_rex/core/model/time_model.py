@@ -16,24 +16,12 @@ Which tile a rank has is inferred (:mod:`~lightning_rex.core.model.tiles`), and 
 average the tile hypotheses by their posterior probability
 (:mod:`~lightning_rex.core.model.mixture`).
 
-Scale. The spline kernel has finite rank, so the GP is Bayesian linear regression on the
-features ``[1, b / b_ref, pad_T(b), phi(b)]`` with a Gaussian prior on the weights, solved in
-closed form for all ranks at once (:mod:`~lightning_rex.core.model.pooling`; one ``D x D``
-Cholesky per rank and tile, ``D = 3 + num_basis``): milliseconds at 4096 ranks, where a
-batched exact GP fit takes minutes. Units are relative: each rank's times are divided by its
-first observed median (its device group's median, when pooled), so one set of
-hyperparameters serves every rank. Device groups pool partially (see ``groups``).
-
-Hyperparameters. The residual scale ``s^2``, one for all ranks, is fitted with BoTorch
-(:mod:`lightning_rex.core.model.fit`). The controller refits only when it needs a proposal.
-The posterior is exposed as a BoTorch model (:meth:`RankTimeModel.posterior_model`), which
-the planner reads.
-
-Cold start. With one observation per rank the prior decides the split between overhead and
-rate: ``a ~ N(0, 0.3^2)`` (relative), so the first proposal is close to the proportional
-plan; the second plan's observations identify the affine part. Old observations are
-down-weighted (their noise variance grows by ``exp(age / memory)``) so that drift and events
-are tracked.
+The spline kernel has finite rank, so the GP is Bayesian linear regression on the features
+with a Gaussian prior on the weights, solved in closed form for all ranks at once (its data,
+prior, units and cold start: :mod:`~lightning_rex.core.model.weights`). The residual scale
+``s^2`` is fitted with BoTorch (:mod:`~lightning_rex.core.model.fit`), and the posterior is
+read as a BoTorch model (:meth:`RankTimeModel.posterior_model`). Accumulation passes are
+:mod:`~lightning_rex.core.model.accumulation`'s: the model learns one pass, predicts steps.
 """
 
 from __future__ import annotations
@@ -44,16 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_rex.core.model.accumulation import PassAccumulation
-from lightning_rex.core.model.pooling import pooled_posterior
-from lightning_rex.core.model.saved_state import SavedModelState
-from lightning_rex.core.model.tiles import (
-    HYPOTHESES,
-    PADS,
-    hypothesis_weights,
-    pad_prior,
-    pads,
-)
+from lightning_rex.core.model.accumulation import AccumulationCaps
+from lightning_rex.core.model.mixture import TileMixture
+from lightning_rex.core.model.pooling import device_groups, leave_groups
+from lightning_rex.core.model.saved_state import check_model_state, model_state
+from lightning_rex.core.model.tiles import HYPOTHESES, hypothesis_weights, pads
+from lightning_rex.core.model.weights import first_units, tile_posteriors, weight_prior, window_data
 
 if TYPE_CHECKING:  # torch and BoTorch load when a model is built, not on import
     import torch
@@ -69,7 +53,7 @@ _REACH = 16.0
 """The spline domain spans sizes from ``b_ref / _REACH`` to ``b_ref * _REACH``."""
 
 
-class RankTimeModel(PassAccumulation, SavedModelState):
+class RankTimeModel:
     """Batched per-rank time model over one set of ranks.
 
     Args:
@@ -144,8 +128,8 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         self.sizes: list[list[int]] = []
         self.medians: list[list[float]] = []
         self.rel_var: list[float] = []
-        self.window_caps: list[list[int] | None] = []  # the pass caps each window ran under
-        self.set_pass_caps(pass_caps)
+        # the caps now and those each window ran under: it learns one pass, predicts steps
+        self.passes = AccumulationCaps(self.world_size, pass_caps)
         self.n_added = 0
         self.cutoff = np.zeros(self.world_size, dtype=np.int64)
         self._weights = np.zeros((self.world_size, len(HYPOTHESES)))
@@ -153,16 +137,9 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         self._post: tuple[torch.Tensor, torch.Tensor] | None = None
         # the tile weights depend on the data, not on the residual scale: a refit keeps them
         self._weights_fresh = False
-        self._tile_posts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        if groups is not None and len(groups) != self.world_size:
-            raise ValueError(f"groups must have {self.world_size} labels, got {len(groups)}")
+        self._mixture: TileMixture | None = None  # the tile mixture of the posterior
         # group[r]: the index of the rank whose curve rank r shares (itself when alone)
-        labels = [None] * self.world_size if groups is None else list(groups)
-        first: dict[str, int] = {}
-        self.group = np.array(
-            [r if g is None else first.setdefault(str(g), r) for r, g in enumerate(labels)],
-            dtype=np.int64,
-        )
+        self.group = device_groups(groups, self.world_size)
 
     # ----------------------------------------------------------------- data
     @property
@@ -179,28 +156,17 @@ class RankTimeModel(PassAccumulation, SavedModelState):
             rel_var: Variance of a window median relative to its value (shared by ranks).
         """
         med = np.asarray(medians, dtype=np.float64)
-        caps = self._caps_row()
-        if self.scale is None:
-            # a group's ranks share one unit (their median's), so their relative times are
-            # one curve; a lone rank's unit is its own first median (of one pass)
-            pass_sizes, pass_times = self._single_passes(
-                np.asarray(plan, dtype=np.float64), med, [caps]
-            )
-            self.scale = pass_times.copy()
-            self.first_u = pass_sizes / self.b_ref
-            for group_id in np.unique(self.group):
-                members = self.group == group_id
-                if members.sum() < _MIN_GROUP:
-                    continue  # not pooled (see _posterior): each member keeps its own unit
-                self.scale[members] = np.median(pass_times[members])
-                self.first_u[members] = np.mean(self.first_u[members])
+        caps = self.passes.row()
+        if self.scale is None:  # the units: each rank's first window, as one pass
+            first = self.passes.single_passes(np.asarray(plan, dtype=np.float64), med, [caps])
+            self.scale, self.first_u = first_units(*first, self.group, self.b_ref, _MIN_GROUP)
         self.sizes.append([int(b) for b in plan])
         self.medians.append([float(m) for m in med])
         self.rel_var.append(float(max(rel_var, 1e-8)))
-        self.window_caps.append(caps)
+        self.passes.windows.append(caps)
         self.n_added += 1
         if len(self.sizes) > self.max_history:
-            del self.sizes[0], self.medians[0], self.rel_var[0], self.window_caps[0]
+            del self.sizes[0], self.medians[0], self.rel_var[0], self.passes.windows[0]
         self._post, self._weights_fresh = None, False
 
     def forget(self, ranks: list[int], keep_last: int) -> None:
@@ -214,15 +180,7 @@ class RankTimeModel(PassAccumulation, SavedModelState):
             keep_last: How many recent windows still count for them.
         """
         self.cutoff[list(ranks)] = max(0, self.n_added - int(keep_last))
-        # a rank whose speed changed is no longer like its group: it gets its own curve, and
-        # a group led by it (group ids are a member's index) is led by its next member
-        gone = np.zeros(self.world_size, dtype=bool)
-        gone[list(ranks)] = True
-        for rank in ranks:
-            rest = np.flatnonzero((self.group == rank) & ~gone)
-            if rest.size:
-                self.group[rest] = rest.min()
-        self.group[list(ranks)] = list(ranks)
+        leave_groups(self.group, ranks)  # a rank whose speed changed gets its own curve
         self._post, self._weights_fresh = None, False
 
     def _features(self, b: torch.Tensor, hypothesis: Any = None) -> torch.Tensor:
@@ -239,59 +197,30 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         padding = pads(b, hypothesis, self.b_ref)
         return torch.cat([torch.ones_like(u).unsqueeze(-1), u.unsqueeze(-1), padding, phi], dim=-1)
 
-    def _prior(self) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch
-
-        assert self.first_u is not None
-        num_ranks, num_basis = self.world_size, self.kernel.num_basis
-        slope_mean = torch.as_tensor(1.0 / self.first_u, dtype=torch.float64)
-        mean = torch.zeros(num_ranks, PADS.stop + num_basis, dtype=torch.float64)
-        mean[:, 1] = slope_mean
-        var = torch.empty(num_ranks, PADS.stop + num_basis, dtype=torch.float64)
-        var[:, 0] = self.overhead_prior_sd**2
-        var[:, 1] = (self.slope_prior_sd * slope_mean) ** 2
-        # the paddings' costs: about the slope when a tile (a wave) is real
-        var[:, PADS] = (slope_mean**2).unsqueeze(-1)
-        var[:, PADS.stop :] = self.outputscale
-        return mean, var
-
     def _data(self, decay: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sizes, relative medians and their noise variances, ``(N, W)`` each.
 
         With ``decay`` older windows count less (their variance grows with age, so that
         drift is tracked); windows before a rank's change point never count.
         """
-        import torch
-
         assert self.scale is not None
         # an accumulating rank's window is one pass of its mean pass size
-        sizes, medians = self._single_passes(
-            np.asarray(self.sizes, dtype=np.float64).T, np.asarray(self.medians).T, self.window_caps
+        sizes, medians = self.passes.single_passes(
+            np.asarray(self.sizes, dtype=np.float64).T,
+            np.asarray(self.medians).T,
+            self.passes.windows,
         )
-        batch_sizes = torch.as_tensor(sizes)  # (N, W)
-        rel_times = torch.as_tensor(medians / self.scale[:, None])  # (N, W)
-        n_windows = len(self.sizes)
-        age = torch.arange(n_windows - 1, -1, -1, dtype=torch.float64)
-        # the noise is relative to each median (a window at half the first size's time has
-        # half its noise in these units)
-        noise_var = torch.as_tensor(self.rel_var, dtype=torch.float64)
-        if decay:
-            noise_var = noise_var * torch.exp(age / self.memory)
-        noise_var = noise_var * rel_times.clamp_min(1e-6) ** 2
-        index = torch.as_tensor(self.n_added - n_windows + np.arange(n_windows))
-        old = index[None, :] < torch.as_tensor(self.cutoff)[:, None]
-        noise_var = noise_var * torch.where(old, 1e8, 1.0)
-        return batch_sizes, rel_times, noise_var
+        first = self.n_added - len(self.sizes)
+        memory = self.memory if decay else None
+        return window_data(sizes, medians, self.rel_var, self.scale, first, self.cutoff, memory)
 
     def _posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch
-
         if self._post is None:
-            if self.scale is None:
+            if self.scale is None or self.first_u is None:
                 raise RuntimeError("the model has no observations yet")
             batch_sizes, rel_times, noise_var = self._data()
-            prior_mean, prior_var = self._prior()
-            prec = 1.0 / noise_var
+            prior_sd = (self.overhead_prior_sd, self.slope_prior_sd)
+            prior = weight_prior(self.first_u, self.kernel.num_basis, *prior_sd, self.outputscale)
             phi = self._features(batch_sizes)
             # A tile belongs to the kernels, not to the rank's current speed: its evidence
             # keeps every window since the rank's last change point at full weight. Each
@@ -300,54 +229,104 @@ class RankTimeModel(PassAccumulation, SavedModelState):
             if not self._weights_fresh:
                 kept = 1.0 / self._data(decay=False)[2]
                 self._weights = hypothesis_weights(
-                    phi, batch_sizes, rel_times, kept, prior_mean, prior_var, self.group, self.b_ref
+                    phi, batch_sizes, rel_times, kept, *prior, self.group, self.b_ref
                 )
                 self._weights_fresh = True
-            best = self._weights.argmax(axis=1)
-            used = set(np.flatnonzero((self._weights > 0).any(axis=0)).tolist())
-            self._tile_posts = {
-                HYPOTHESES[i]: self._solve_tile(
-                    HYPOTHESES[i], phi, batch_sizes, rel_times, prec, prior_mean, prior_var
-                )
-                for i in sorted(used)
-            }
-            # the posterior under each rank's most probable hypothesis
-            post_mean, cov = (x.clone() for x in self._tile_posts[HYPOTHESES[int(best[0])]])
-            for hyp_index in set(best.tolist()):
-                rows = torch.as_tensor(best == hyp_index)
-                post_mean[rows], cov[rows] = (
-                    x[rows] for x in self._tile_posts[HYPOTHESES[hyp_index]]
-                )
-            self._post = (post_mean, cov)
+            data = (phi, batch_sizes, rel_times, 1.0 / noise_var)
+            posteriors, self._post = tile_posteriors(
+                *data, prior, self._weights, self.group, self.b_ref, _MIN_GROUP
+            )
+            self._mixture = TileMixture(self.world_size, self._weights, posteriors, self._model_of)
         return self._post
 
-    def _solve_tile(
-        self,
-        hypothesis: tuple[int, int],
-        phi: torch.Tensor,
-        b: torch.Tensor,
-        y: torch.Tensor,
-        prec: torch.Tensor,
-        m0: torch.Tensor,
-        p0: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every rank's weight posterior ``(mean, cov)`` under one ``(tile, wave)``."""
-        features = phi.clone()  # (N, W, D), the paddings' columns filled in
-        features[..., PADS] = pads(b, hypothesis, self.b_ref)
-        return pooled_posterior(
-            features, y, prec, pad_prior(m0, hypothesis), p0, self.group, _MIN_GROUP
-        )
-
     # ------------------------------------------------------------- predict
+    @property
+    def tile_weights(self) -> np.ndarray:
+        """Each rank's posterior probability of every tile hypothesis, ``(N, H)``.
+
+        In the order of :data:`~lightning_rex.core.model.tiles.HYPOTHESES`
+        (:func:`~lightning_rex.core.model.tiles.hypothesis_weights`); all on no tile before
+        the first window.
+        """
+        if self.scale is not None:
+            self._posterior()
+        return self._weights
+
+    @property
+    def tile(self) -> np.ndarray:
+        """Each rank's most probable ``(tile, wave)``, ``(N, 2)`` (1: none of that kind)."""
+        return np.asarray(HYPOTHESES, dtype=np.int64)[self.tile_weights.argmax(axis=1)]
+
+    def mixture(self) -> list[tuple[SplineAffineModel, np.ndarray]]:
+        """The tile hypotheses in use as BoTorch models, with every rank's weight on each.
+
+        Returns:
+            :meth:`TileMixture.models <lightning_rex.core.model.mixture.TileMixture.models>`
+            of the current posterior.
+        """
+        return self._tile_mixture().models()
+
+    def predict_grid(
+        self, sizes: np.ndarray, kappa: float = 0.0, var_points: int = 96
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and optimistic quantile of every rank's step time on a size grid.
+
+        The tile mixture's single-pass predictions, summed over a rank's passes where its
+        size exceeds its pass cap (:mod:`~lightning_rex.core.model.accumulation`).
+
+        Args:
+            sizes: The grid, shape ``(G,)``, shared by all ranks.
+            kappa: Standard deviations of the quantile below the mean (0: the mean).
+            var_points: The quantile's distance from the mean is computed on at most this
+                many grid points and interpolated linearly between them.
+
+        Returns:
+            ``(mean, quantile)``, both shape ``(N, G)`` in seconds.
+        """
+        return self.passes.step_grid(self._tile_mixture().predict_grid, sizes, kappa, var_points)
+
+    def predict(self, plan: tuple[int, ...]) -> np.ndarray:
+        """Posterior mean step time of every rank at its size in ``plan``, passes included.
+
+        Args:
+            plan: Per-rank sizes.
+
+        Returns:
+            Seconds, shape ``(N,)``.
+        """
+        return self.passes.step_times(self._tile_mixture().predict, plan)
+
+    def _tile_mixture(self) -> TileMixture:
+        """The tile mixture of the current posterior."""
+        self._posterior()
+        assert self._mixture is not None
+        return self._mixture
+
+    def _model_of(
+        self, mean: torch.Tensor, cov: torch.Tensor, hypothesis: Any, rows: np.ndarray | None
+    ) -> SplineAffineModel:
+        """A hypothesis's weight posterior as a model (of the ranks ``rows`` selects)."""
+
+        def features(sizes: torch.Tensor) -> torch.Tensor:
+            return self._features(sizes, hypothesis)
+
+        return self._as_model(mean, cov, features, rows)
+
+    def _features_at(self, b: torch.Tensor) -> torch.Tensor:
+        """Features with each rank's most probable tile (``(G,)`` sizes expand to ``(N, G)``)."""
+        tile = self.tile
+        if bool((tile == 1).all()):
+            return self._features(b, (1, 1))
+        sizes = b.expand(self.world_size, -1) if b.dim() == 1 else b
+        return self._features(sizes, tile)
+
     def posterior_model(self) -> SplineAffineModel:
         """The current posterior as a BoTorch model (see :mod:`lightning_rex.core.model.posterior`).
 
         Each rank's posterior under its most probable tile and wave (:attr:`tile`); the
         planner reads the hypotheses' mixture through :meth:`predict_grid`. A rank whose
-        fitted slope is not positive (a change it has not yet been told about, or too little
-        spread in its sizes) would offer "free" capacity to the planner: it falls back to the
-        proportional model through its latest observation, with no claimed certainty, since
-        compute time never falls as the batch grows.
+        fitted slope is not positive falls back to the proportional model through its latest
+        observation (:func:`~lightning_rex.core.model.posterior.weights_model`).
 
         Returns:
             The :class:`SplineAffineModel`, in seconds.
@@ -361,36 +340,28 @@ class RankTimeModel(PassAccumulation, SavedModelState):
 
     def _as_model(
         self,
-        mu: torch.Tensor,
+        mean: torch.Tensor,
         cov: torch.Tensor,
         features: Callable[[torch.Tensor], torch.Tensor],
         rows: np.ndarray | None = None,
     ) -> SplineAffineModel:
-        """A weight posterior as a BoTorch model, with the fallback for non-positive slopes.
-
-        With ``rows``, a model of those ranks only (``mu`` and ``cov`` are theirs).
-        """
+        """A weight posterior as a BoTorch model (of the ranks ``rows`` selects, or all)."""
         import torch
 
-        from lightning_rex.core.model.posterior import SplineAffineModel
+        from lightning_rex.core.model.posterior import weights_model
 
         rank_index = np.arange(self.world_size) if rows is None else np.flatnonzero(rows)
         scale = torch.as_tensor(np.asarray(self.scale)[rank_index], dtype=torch.float64)
-        root = torch.linalg.cholesky(cov)
-        bad = mu[:, 1] <= 0
-        if bool(bad.any()):
-            mu, root = mu.clone(), root.clone()
-            pass_sizes, pass_times = self._single_passes(
+
+        def last_pass() -> tuple[np.ndarray, np.ndarray]:
+            sizes, times = self.passes.single_passes(
                 np.asarray(self.sizes[-1], dtype=np.float64),
                 np.asarray(self.medians[-1]),
-                self.window_caps[-1:],
+                self.passes.windows[-1:],
             )
-            last_b = torch.as_tensor(pass_sizes[rank_index], dtype=torch.float64)[bad]
-            last_y = torch.as_tensor(pass_times[rank_index], dtype=torch.float64)[bad]
-            mu[bad] = 0.0
-            mu[bad, 1] = last_y / scale[bad] * self.b_ref / last_b
-            root[bad] = 0.0
-        return SplineAffineModel(mu, root, features, scale)
+            return sizes[rank_index], times[rank_index]
+
+        return weights_model(mean, cov, features, scale, last_pass, self.b_ref)
 
     def summary(self) -> dict[str, list[float]]:
         """Fitted per-rank affine parts: ``overhead_s`` (a_r) and ``rate`` (samples/s).
@@ -407,6 +378,42 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         rate = np.where(slope > 0, 1.0 / np.maximum(slope, 1e-300), math.inf)
         return {"overhead_s": [float(x) for x in overhead], "rate": [float(x) for x in rate]}
 
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: observations, scale, hyperparameters and fit count.
+
+        Returns:
+            The state (:func:`~lightning_rex.core.model.saved_state.model_state`).
+        """
+        return model_state(self)
+
+    #: Check saved model state against the number of ranks, without loading it: see
+    #: :func:`~lightning_rex.core.model.saved_state.check_model_state`.
+    check_state = staticmethod(check_model_state)
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Args:
+            d: A dict from :meth:`state_dict`.
+
+        Raises:
+            StateError: Naming the field, when the state does not fit (see
+                :meth:`check_state`).
+        """
+        state = self.check_state(d, self.world_size)
+        scale, first_u, caps = state["scale"], state["first_u"], state["pass_caps"]
+        self.outputscale, self.n_fits = state["outputscale"], state["n_fits"]
+        self.scale = None if scale is None else np.asarray(scale, dtype=np.float64)
+        self.first_u = None if first_u is None else np.asarray(first_u, dtype=np.float64)
+        self.sizes, self.medians, self.rel_var = state["sizes"], state["medians"], state["rel_var"]
+        self.n_added = state["n_added"]
+        self.cutoff = np.asarray(state["cutoff"], dtype=np.int64)
+        self.group = np.asarray(state["group"], dtype=np.int64)
+        self.passes.current = None if caps is None or not any(caps) else np.asarray(caps, np.int64)
+        self.passes.windows = state["window_caps"]
+        self._post, self._weights_fresh = None, False
+
     # ---------------------------------------------------------------- fit
     def fit_hyperparameters(self) -> float:
         """Refit the residual scale ``s^2`` with BoTorch on a seeded subset of ranks.
@@ -416,31 +423,22 @@ class RankTimeModel(PassAccumulation, SavedModelState):
         Returns:
             The residual scale in use afterwards.
         """
-        from lightning_rex.core.model.fit import fit_residual_scale
+        from lightning_rex.core.model.fit import fit_on_subset
 
         if self.n_obs < 3 or self.scale is None:
             return self.outputscale
-        import torch
-
         self._posterior()  # the tiles in use
-        batch_sizes, rel_times, noise_var = (a[:, -self.fit_windows :] for a in self._data())
-        tile_sizes = torch.as_tensor(self.tile[:, 0], dtype=batch_sizes.dtype).view(-1, 1)
-        # the sizes as the kernels run them (a full tile's cost)
-        batch_sizes = torch.ceil(batch_sizes / tile_sizes) * tile_sizes
-        # a seeded subset of ranks, drawn afresh at every fit (reproducible from the count)
-        rng = np.random.default_rng([self.seed, self.n_fits])
-        self.n_fits += 1
-        sub = np.sort(
-            rng.choice(self.world_size, size=min(self.world_size, self.fit_ranks), replace=False)
-        )
+        data = tuple(values[:, -self.fit_windows :] for values in self._data())
         kernel = self.kernel
-        scale = fit_residual_scale(
-            batch_sizes[sub],
-            rel_times[sub],
-            noise_var[sub],
+        self.n_fits += 1  # a subset drawn afresh at every fit, reproducible from the count
+        scale = fit_on_subset(
+            data,
+            self.tile[:, 0],
             (kernel.num_basis, kernel.lower, kernel.upper),
             self.outputscale,
-            self.seed + self.n_fits,
+            min(self.world_size, self.fit_ranks),
+            self.seed,
+            self.n_fits,
         )
         if scale is not None:
             self.outputscale = float(min(max(scale, 1e-6), 0.25))
