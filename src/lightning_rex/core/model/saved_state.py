@@ -7,8 +7,11 @@ loaded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import numpy as np
+
+from lightning_rex.core.model.accumulation import AccumulationCaps
 from lightning_rex.core.saved import (
     StateError,
     field,
@@ -20,10 +23,23 @@ from lightning_rex.core.saved import (
     whole,
 )
 
-if TYPE_CHECKING:
-    from lightning_rex.core.model.time_model import RankTimeModel
+__all__ = ["SavedModel", "check_model_state", "model_state"]
 
-__all__ = ["check_model_state", "model_state"]
+
+class SavedModel(Protocol):
+    """The fields of a rank time model that its saved form holds."""
+
+    outputscale: float
+    n_fits: int
+    scale: np.ndarray | None
+    first_u: np.ndarray | None
+    sizes: list[list[int]]
+    medians: list[list[float]]
+    rel_var: list[float]
+    n_added: int
+    cutoff: np.ndarray
+    group: np.ndarray
+    passes: AccumulationCaps
 
 
 def check_model_state(d: Any, world_size: int, name: str = "model") -> dict[str, Any]:
@@ -75,7 +91,7 @@ def check_model_state(d: Any, world_size: int, name: str = "model") -> dict[str,
     return out
 
 
-def model_state(model: RankTimeModel) -> dict[str, Any]:
+def model_state(model: SavedModel) -> dict[str, Any]:
     """A rank time model's JSON-able state: observations, scale, hyperparameters, fit count.
 
     Args:
