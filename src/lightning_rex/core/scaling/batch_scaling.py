@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -53,9 +53,6 @@ from lightning_rex.core.scaling.residual import (
     residual_posterior,
 )
 from lightning_rex.core.stats.noninferiority import long_run_variance, non_inferiority
-
-if TYPE_CHECKING:  # torch loads when the scaler models goodput, not on import
-    pass
 
 __all__ = [
     "EARLY_STEPS",
