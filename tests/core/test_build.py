@@ -18,7 +18,7 @@ from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.sim import RexPolicy, scenario_from_dict, simulate
-from lightning_rex.sim.run.engine import default_loop
+from lightning_rex.sim.engine.engine import default_loop
 
 
 @pytest.fixture

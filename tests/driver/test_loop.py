@@ -499,8 +499,8 @@ def _warming_cluster() -> Any:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_warm_up_lasts_until_every_rank_is_at_speed(seed: int) -> None:
+    from lightning_rex.sim.engine.engine import default_loop, simulate
     from lightning_rex.sim.policies.builtin import RexPolicy
-    from lightning_rex.sim.run.engine import default_loop, simulate
 
     scen, runs = _warming_cluster(), {}
     for name, max_warmup in (("adaptive", None), ("fixed", 0)):
@@ -520,8 +520,8 @@ def test_the_warm_up_lasts_until_every_rank_is_at_speed(seed: int) -> None:
 
 def test_a_warm_up_that_never_settles_ends_at_max_warmup() -> None:
     from lightning_rex.sim import scenario_from_dict
+    from lightning_rex.sim.engine.engine import default_loop, simulate
     from lightning_rex.sim.policies.builtin import EvenPolicy
-    from lightning_rex.sim.run.engine import default_loop, simulate
 
     # every rank 2x slower at the start of each 5-step block, for ever: never at speed
     events = [

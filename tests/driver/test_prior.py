@@ -10,8 +10,8 @@ import pytest
 from lightning_rex.core.plans.minimax import plan_from_device_rates
 from lightning_rex.driver.prior import fit_rate, load_prior
 from lightning_rex.sim.cli.trace import run_traced
+from lightning_rex.sim.engine.engine import simulate
 from lightning_rex.sim.policies.builtin import OraclePolicy, oracle_plan
-from lightning_rex.sim.run.engine import simulate
 from lightning_rex.sim.scenarios.schema import load_scenario
 
 

@@ -9,8 +9,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from lightning_rex.sim.cli.trace import run_traced
+from lightning_rex.sim.engine.engine import simulate
 from lightning_rex.sim.policies.builtin import OraclePolicy
-from lightning_rex.sim.run.engine import simulate
 from lightning_rex.sim.scenarios.schema import load_scenario
 from lightning_rex.tools import plots
 from lightning_rex.tools.windows import (

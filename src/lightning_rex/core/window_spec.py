@@ -3,10 +3,11 @@
 A window is ``steps`` steps, gathered in ``looks`` segments of ``segment`` steps, after a
 warm-up of ``warmup`` to ``max_warmup`` unmeasured steps. Training's
 :class:`~lightning_rex.RexCallback` builds one from its arguments, the simulator one from the
-scenario and the policy (:func:`~lightning_rex.sim.run.engine.default_loop`); the same object goes
-to the window loop (:attr:`LoopConfig.window <lightning_rex.driver.config.LoopConfig>`) and to
-the controller (:attr:`DecisionSettings.window <lightning_rex.core.settings.DecisionSettings>`),
-so the segments the driver gathers are the segments the controller joins.
+scenario and the policy (:func:`~lightning_rex.sim.engine.engine.default_loop`); the same
+object goes to the window loop (:attr:`LoopConfig.window
+<lightning_rex.driver.config.LoopConfig>`) and to the controller (:attr:`DecisionSettings.window
+<lightning_rex.core.settings.DecisionSettings>`), so the segments the driver gathers are the
+segments the controller joins.
 """
 
 from __future__ import annotations

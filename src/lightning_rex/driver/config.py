@@ -1,7 +1,7 @@
 """How the window loop runs: :class:`LoopConfig` (the window, decision lag, first look).
 
 Training's :class:`~lightning_rex.RexCallback` builds one from its arguments, the simulator
-from the scenario and the policy (:func:`~lightning_rex.sim.run.engine.default_loop`); the
+from the scenario and the policy (:func:`~lightning_rex.sim.engine.engine.default_loop`); the
 :class:`~lightning_rex.driver.loop.WindowDriver` runs by it. Its
 :class:`~lightning_rex.core.window_spec.WindowSpec` is the object the controller gets too.
 """

@@ -10,6 +10,15 @@ decision lag, samples dropped after a change). Policies follow the interface doc
 """
 
 from lightning_rex.sim.cli import simulate as cli
+from lightning_rex.sim.engine.engine import (
+    LoopRun,
+    PolicyDecider,
+    Trace,
+    default_loop,
+    run_loop,
+    simulate,
+)
+from lightning_rex.sim.engine.scoring import SimResult, metrics, run, scored_run
 from lightning_rex.sim.policies.base import Policy, PolicyBase, PolicyInfo
 from lightning_rex.sim.policies.builtin import (
     EvenPolicy,
@@ -21,15 +30,6 @@ from lightning_rex.sim.policies.builtin import (
 )
 from lightning_rex.sim.policies.lbb import LBBPolicy
 from lightning_rex.sim.policies.omnilearn import OmniLearnPolicy
-from lightning_rex.sim.run.engine import (
-    LoopRun,
-    PolicyDecider,
-    Trace,
-    default_loop,
-    run_loop,
-    simulate,
-)
-from lightning_rex.sim.run.scoring import SimResult, metrics, run, scored_run
 from lightning_rex.sim.scenarios.presets import PRESETS
 from lightning_rex.sim.scenarios.scenario import Scenario, ScenarioError
 from lightning_rex.sim.scenarios.schema import load_scenario, scenario_from_dict

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from tests.helpers.workload import workload_scenario
 
+from lightning_rex.sim.engine import goodput
+from lightning_rex.sim.engine.goodput import run_goodput
 from lightning_rex.sim.policies.adaptive_oracle import AdaptiveOraclePolicy
 from lightning_rex.sim.policies.base import PolicyInfo
 from lightning_rex.sim.policies.builtin import oracle_plan
-from lightning_rex.sim.run import goodput
-from lightning_rex.sim.run.goodput import run_goodput
 from lightning_rex.sim.scenarios.schema import load_scenario, scenario_from_dict
 
 # the noise scale grows from b0 to 32 b0 over the run: the best batch grows with it

@@ -10,6 +10,8 @@ from lightning_rex.core.plans.plan import even_plan
 from lightning_rex.core.window import Window
 from lightning_rex.driver.prior import load_prior
 from lightning_rex.sim.cli.trace import run_traced
+from lightning_rex.sim.engine.engine import simulate
+from lightning_rex.sim.engine.scoring import run
 from lightning_rex.sim.policies.builtin import (
     OraclePolicy,
     PolicyInfo,
@@ -20,8 +22,6 @@ from lightning_rex.sim.policies.builtin import (
     fit_plan,
     make_policy,
 )
-from lightning_rex.sim.run.engine import simulate
-from lightning_rex.sim.run.scoring import run
 from lightning_rex.sim.scenarios.schema import load_scenario, scenario_from_dict
 
 INFO = PolicyInfo(120, 3, 30, 1, (None, None, 50), (40, 40, 40), 0)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from tests.helpers.workload import workload_scenario
 
+from lightning_rex.sim.engine.goodput import run_goodput
 from lightning_rex.sim.policies.base import PolicyInfo
 from lightning_rex.sim.policies.builtin import oracle_plan
 from lightning_rex.sim.policies.pollux import (
@@ -14,7 +15,6 @@ from lightning_rex.sim.policies.pollux import (
     fit_grad_time,
     fit_throughput,
 )
-from lightning_rex.sim.run.goodput import run_goodput
 from lightning_rex.sim.scenarios.schema import load_scenario, scenario_from_dict
 
 _INFO = PolicyInfo(32, 4, 30, 1, (None,) * 4, (8,) * 4, 0, batch_range=(32, 512))

@@ -11,9 +11,9 @@ from tests.helpers.cli import run_command
 from lightning_rex.core.passes import passes
 from lightning_rex.core.plans.filling import water_fill
 from lightning_rex.sim.cli.report import paired_ratio
+from lightning_rex.sim.engine.engine import simulate
+from lightning_rex.sim.engine.scoring import run
 from lightning_rex.sim.policies.builtin import OraclePolicy
-from lightning_rex.sim.run.engine import simulate
-from lightning_rex.sim.run.scoring import run
 from lightning_rex.sim.scenarios.scenario import ScenarioError
 from lightning_rex.sim.scenarios.schema import load_scenario, scenario_from_dict, to_dict
 

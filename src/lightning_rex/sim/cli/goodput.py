@@ -2,8 +2,8 @@
 
 ``python -m lightning_rex simulate --scenario gns-slow-8 --compare
 fixed,hindsight,adaptive-oracle,pollux,pollux-split,rex --seeds 0-9 [--json]`` runs each
-policy of :data:`~lightning_rex.sim.run.goodput.BATCH_POLICIES` to the workload's target
-(:func:`~lightning_rex.sim.run.goodput.run_goodput`) and prints, per policy, the time to target
+policy of :data:`~lightning_rex.sim.engine.goodput.BATCH_POLICIES` to the workload's target
+(:func:`~lightning_rex.sim.engine.goodput.run_goodput`) and prints, per policy, the time to target
 and what the policy did. Over a seed set, ``--json`` gives each
 policy's ``time_to_target_mean`` in seconds, and ``rex_time_ratio`` is rex's time over the
 policy's, paired by seed, with a 95% interval (below 1: rex is faster).
@@ -20,7 +20,7 @@ import numpy as np
 
 from lightning_rex.sim.cli.progress import progress_bar
 from lightning_rex.sim.cli.report import paired_ratio
-from lightning_rex.sim.run.goodput import BATCH_POLICIES, hindsight_batch, run_goodput
+from lightning_rex.sim.engine.goodput import BATCH_POLICIES, hindsight_batch, run_goodput
 from lightning_rex.sim.scenarios.scenario import Scenario
 
 __all__ = ["aggregate_goodput", "main_goodput"]
@@ -50,7 +50,7 @@ def aggregate_goodput(rs: list[dict[str, Any]]) -> dict[str, Any]:
     """One policy's figures over a seed set.
 
     Args:
-        rs: The policy's :meth:`~lightning_rex.sim.run.goodput.GoodputResult.to_dict` per seed.
+        rs: The policy's :meth:`~lightning_rex.sim.engine.goodput.GoodputResult.to_dict` per seed.
 
     Returns:
         Mean and largest time to target (over the runs that reached it, None if none did),

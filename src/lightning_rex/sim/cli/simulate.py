@@ -11,7 +11,7 @@ Comparison (the oracle always runs too, since efficiency needs it)::
 
 With ``--json`` stdout holds exactly one JSON object,
 ``{"scenario", "seed", "policies": {name: {metrics}}}`` (see
-:class:`lightning_rex.sim.run.scoring.SimResult`). ``--seeds 0-19`` runs a fixed seed set and
+:class:`lightning_rex.sim.engine.scoring.SimResult`). ``--seeds 0-19`` runs a fixed seed set and
 prints aggregates instead (mean/min efficiency over the whole run and at steady state,
 false rescales per 10,000 steps, the share of events acted on within 3 windows, decision
 latency); ``--cv`` / ``--ar1`` / ``--steps`` override the scenario, and ``--warmup`` /
@@ -228,9 +228,9 @@ def main(args: argparse.Namespace) -> int:
         write_records,
         write_summary,
     )
+    from lightning_rex.sim.engine.engine import default_loop, simulate
+    from lightning_rex.sim.engine.scoring import run
     from lightning_rex.sim.policies.builtin import OraclePolicy, make_policy
-    from lightning_rex.sim.run.engine import default_loop, simulate
-    from lightning_rex.sim.run.scoring import run
     from lightning_rex.sim.scenarios.scenario import ScenarioError
     from lightning_rex.sim.scenarios.schema import (
         load_scenario,

@@ -29,9 +29,9 @@ from typing import Any
 
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.sim.cli.report import aggregate, mean_interval, paired_ratio
+from lightning_rex.sim.engine.engine import Trace
+from lightning_rex.sim.engine.scoring import SimResult, scored_run
 from lightning_rex.sim.policies.base import Policy
-from lightning_rex.sim.run.engine import Trace
-from lightning_rex.sim.run.scoring import SimResult, scored_run
 from lightning_rex.sim.scenarios.scenario import Scenario
 
 __all__ = [
@@ -51,7 +51,7 @@ def run_traced(
     oracle: Trace,
     loop: LoopConfig | None = None,
 ) -> tuple[SimResult, list[dict[str, Any]]]:
-    """Run a policy as :func:`~lightning_rex.sim.run.scoring.run` does, keeping its records.
+    """Run a policy as :func:`~lightning_rex.sim.engine.scoring.run` does, keeping its records.
 
     Args:
         scenario: The scenario.

@@ -37,7 +37,7 @@ __all__ = ["GRID", "AdaptiveOraclePolicy"]
 GRID = 94
 """Global batches the oracle scores, geometric over the workload's range (with ``B0``):
 ``3 x 31 + 1``, so that every third is a point of the hindsight scan's 32
-(:func:`~lightning_rex.sim.run.goodput.hindsight_batch`)."""
+(:func:`~lightning_rex.sim.engine.goodput.hindsight_batch`)."""
 
 
 class AdaptiveOraclePolicy(PolicyBase):

@@ -1,6 +1,6 @@
 """What a simulator policy is: the information it gets, and the hooks the engine calls.
 
-A policy decides the plan of a simulated run. The engine (:mod:`~lightning_rex.sim.run.engine`)
+A policy decides the plan of a simulated run. The engine (:mod:`~lightning_rex.sim.engine.engine`)
 calls, on every policy alike:
 
 * ``reset(info)`` once before the run, with a :class:`PolicyInfo`;

@@ -49,7 +49,7 @@ policies that act once per epoch.
 ``workload`` (optional) gives a training job's gradient statistics and a target: the run
 then ends when that target is reached, and global batch policies are compared by their time
 to it (see :mod:`lightning_rex.sim.scenarios.workload` and
-:mod:`lightning_rex.sim.run.goodput`); ``steps`` is then the most steps a run may take.
+:mod:`lightning_rex.sim.engine.goodput`); ``steps`` is then the most steps a run may take.
 
 Optional keys: ``name``, ``min_size`` (default 1). Unknown keys, negative rates, an empty rank
 list or events outside the run raise :class:`ScenarioError` naming the field.

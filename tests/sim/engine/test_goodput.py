@@ -15,9 +15,9 @@ from lightning_rex.core.scaling.noise_scale import noise_estimates
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
 from lightning_rex.core.window_spec import WindowSpec
 from lightning_rex.sim.cli import simulate as cli
+from lightning_rex.sim.engine import goodput
+from lightning_rex.sim.engine.goodput import hindsight_batch, run_goodput
 from lightning_rex.sim.policies.builtin import oracle_plan
-from lightning_rex.sim.run import goodput
-from lightning_rex.sim.run.goodput import hindsight_batch, run_goodput
 from lightning_rex.sim.scenarios.scenario import ScenarioError
 from lightning_rex.sim.scenarios.schema import load_scenario, scenario_from_dict, to_dict
 from lightning_rex.sim.scenarios.workload import GradientNorms, Workload
@@ -156,7 +156,7 @@ def test_long_workload_presets_last_hours_at_b0(name: str) -> None:
 
 def test_the_loop_gives_windows_the_wall_clock_with_the_all_reduce() -> None:
     from lightning_rex.driver.config import LoopConfig
-    from lightning_rex.sim.run.engine import run_loop
+    from lightning_rex.sim.engine.engine import run_loop
 
     seen = []
 

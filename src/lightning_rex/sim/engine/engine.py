@@ -34,8 +34,8 @@ from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.protocols import Decider, LocalCollectives, ScheduleTarget
 from lightning_rex.driver.scheduling import schedule_agreed
+from lightning_rex.sim.engine.times import ScenarioTimes
 from lightning_rex.sim.policies.base import Policy, PolicyInfo, as_policy, device_keys
-from lightning_rex.sim.run.times import ScenarioTimes
 from lightning_rex.sim.scenarios.scenario import Scenario
 
 __all__ = ["LoopRun", "Trace", "decider_for", "default_loop", "run_loop", "simulate"]
@@ -47,7 +47,7 @@ AfterStep = Callable[[int, Plan], bool]
 
 @dataclass
 class Trace:
-    """What one policy did in one run (what :func:`~lightning_rex.sim.run.scoring.metrics` scores).
+    """What one policy did in one run (:func:`~lightning_rex.sim.engine.scoring.metrics` scores it).
 
     Attributes:
         policy: The policy's name.

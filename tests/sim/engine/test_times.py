@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from lightning_rex.sim import run, scenario_from_dict, simulate
-from lightning_rex.sim.run.times import ScenarioTimes, ShapeCache
+from lightning_rex.sim.engine.times import ScenarioTimes, ShapeCache
 from lightning_rex.sim.scenarios.scenario import ScenarioError
 from lightning_rex.sim.scenarios.schema import to_dict
 

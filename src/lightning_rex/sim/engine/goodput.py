@@ -2,8 +2,8 @@
 
 On a scenario with a ``workload`` (:mod:`lightning_rex.sim.scenarios.workload`), :func:`run_goodput`
 runs a global batch policy through the same window loop as every other policy
-(:func:`~lightning_rex.sim.run.engine.run_loop`), on the scenario's noisy step times, and ends the
-run when the workload's progress reaches its target. Every step advances the progress by
+(:func:`~lightning_rex.sim.engine.engine.run_loop`), on the scenario's noisy step times, and ends
+the run when the workload's progress reaches its target. Every step advances the progress by
 ``B * E(B)`` at the batch in force, and hands the policy that step's gradient norms as
 training measures them. The policies:
 
@@ -36,12 +36,12 @@ import numpy as np
 
 from lightning_rex.core.plans.plan import Plan, even_plan
 from lightning_rex.driver.config import LoopConfig
+from lightning_rex.sim.engine.engine import decider_for, default_loop, run_loop
+from lightning_rex.sim.engine.times import ScenarioTimes
 from lightning_rex.sim.policies.adaptive_oracle import AdaptiveOraclePolicy
 from lightning_rex.sim.policies.base import Policy, PolicyInfo
 from lightning_rex.sim.policies.builtin import EvenPolicy, RexPolicy, oracle_plan, oracle_step_s
 from lightning_rex.sim.policies.pollux import PolluxPolicy
-from lightning_rex.sim.run.engine import decider_for, default_loop, run_loop
-from lightning_rex.sim.run.times import ScenarioTimes
 from lightning_rex.sim.scenarios.scenario import Scenario
 from lightning_rex.sim.scenarios.workload import GradientNorms, Workload
 

@@ -1,6 +1,6 @@
 """The score of a simulated run: a policy's metrics against the oracle on the same noise.
 
-:func:`run` simulates a policy (:func:`~lightning_rex.sim.run.engine.simulate`) and scores it;
+:func:`run` simulates a policy (:func:`~lightning_rex.sim.engine.engine.simulate`) and scores it;
 :func:`metrics` scores a trace: throughput against the oracle's limit, efficiency over the
 whole run and at steady state, time to 90% of the limit, rescales, false rescales, the
 delay to act on each event, and the decision latency.
@@ -16,9 +16,9 @@ import numpy as np
 
 from lightning_rex.core.plans.plan import even_plan
 from lightning_rex.driver.config import LoopConfig
+from lightning_rex.sim.engine.engine import Trace, simulate
 from lightning_rex.sim.policies.base import Policy, PolicyInfo, as_policy
 from lightning_rex.sim.policies.builtin import OraclePolicy, make_policy
-from lightning_rex.sim.run.engine import Trace, simulate
 from lightning_rex.sim.scenarios.scenario import Scenario
 
 __all__ = ["SimResult", "metrics", "run", "scored_run"]
@@ -175,10 +175,10 @@ def scored_run(
         seed: The noise seed.
         oracle: A precomputed oracle trace for this scenario and seed, to save its run.
         loop: The window loop's settings; default
-            :func:`~lightning_rex.sim.run.engine.default_loop`.
+            :func:`~lightning_rex.sim.engine.engine.default_loop`.
 
     Returns:
-        The :class:`SimResult` and the policy's :class:`~lightning_rex.sim.run.engine.Trace`
+        The :class:`SimResult` and the policy's :class:`~lightning_rex.sim.engine.engine.Trace`
         (with its window records).
     """
     pol = make_policy(policy, scenario) if isinstance(policy, str) else policy
@@ -205,7 +205,7 @@ def run(
         seed: The noise seed.
         oracle: A precomputed oracle trace for this scenario and seed, to save its run.
         loop: The window loop's settings; default
-            :func:`~lightning_rex.sim.run.engine.default_loop`.
+            :func:`~lightning_rex.sim.engine.engine.default_loop`.
 
     Returns:
         The :class:`SimResult`.
