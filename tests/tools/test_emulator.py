@@ -173,10 +173,16 @@ def _fit(
     t.fit(_TimedModel(clock, unused), DataLoader(ds, batch_size=batch))
 
 
-def test_delay_only_inside_events_and_before_the_all_reduce_sees_the_gradients() -> None:
+def test_delay_only_inside_events_and_before_the_all_reduce_sees_the_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the injected clock: on a loaded machine the real one can find an event step's compute
+    # already lasting f x headroom times its CPU work (the load did it), and nothing is slept
+    clock = _Clock()
+    monkeypatch.setattr(emulator_module, "time", clock)
     events = [{"ranks": [0], "start": 2, "end": 4, "factor": 3.0}]
     emu = _Delays([1.0], events=events, headroom=1.0)
-    _fit(emu, batch=8)
+    _fit(emu, batch=8, clock=clock)
     for step, delay, seen in emu.per_step:
         assert (delay > 0) == (2 <= step < 4)
         # the reducer's hook of the last gradient fires after the sleep: the all-reduce waits
