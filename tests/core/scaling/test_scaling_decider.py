@@ -65,13 +65,18 @@ def test_moves_to_a_larger_batch_when_goodput_gains_and_keeps_it():
 
 
 def test_a_change_whose_goodput_falls_is_rolled_back():
+    # every batch above B0 is far slower than any rank model of per-rank sizes predicts (a
+    # world of the global batch, not of the sizes): each trial of one is rolled back to B0
+    # with its plan, and none is ever kept (the last window may start another trial)
     rng = np.random.default_rng(1)
     dec = make(1)
     ds = run(dec, rng, 14, slow_at_large=True)
     kinds = [(d.kind, d.reason) for d in ds if "global batch" in d.reason]
     assert "rollback" in [k for k, _ in kinds], kinds
-    back = next(d for d in ds if d.kind == "rollback")
-    assert sum(back.plan) == B0 and dec.global_batch == B0
+    assert "accept" not in [k for k, _ in kinds], kinds
+    backs = [d for d in ds if d.kind == "rollback"]
+    assert all(sum(back.plan) == B0 for back in backs)
+    assert dec.global_batch == B0 or ds[-1].kind == "propose"
 
 
 def test_decline_undoes_a_new_batch_and_state_round_trips():

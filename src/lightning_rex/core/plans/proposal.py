@@ -112,7 +112,7 @@ def best_plan_for(
 
 def best_plans_for(
     model: RankTimeModel, bounds: Sequence[tuple[np.ndarray, np.ndarray]], batches: Sequence[int]
-) -> list[tuple[Plan, float]]:
+) -> list[tuple[Plan, np.ndarray]]:
     """:func:`best_plan_for` of several global batches, on one posterior of the size grid.
 
     Args:
@@ -121,7 +121,8 @@ def best_plans_for(
         batches: The global batches.
 
     Returns:
-        ``(plan, predicted step time)`` per batch, as :func:`best_plan_for` gives them.
+        ``(plan, each rank's predicted step time)`` per batch: the plan :func:`best_plan_for`
+        gives, and its ranks' times, whose maximum is that function's step time.
     """
     if not batches:
         return []
@@ -144,9 +145,7 @@ def best_plans_for(
         )
         plans.update(zip(idx, many))
     rows = np.arange(mean.shape[0])
-    return [
-        (plans[i], float(mean[rows, np.asarray(plans[i]) - 1].max())) for i in range(len(batches))
-    ]
+    return [(plans[i], mean[rows, np.asarray(plans[i]) - 1]) for i in range(len(batches))]
 
 
 def with_floors(

@@ -16,10 +16,11 @@ residual ``log t_measured(B) - log t_predicted(B)`` of every window measured at 
 modelled by a BoTorch ``SingleTaskGP`` whose kernel is the same spline kernel as the rank
 model's (:class:`~lightning_rex.core.model.kernels.SplineKernel` on ``log B`` over
 ``[min_global_batch, max_global_batch]``), with each window's noise variance fixed from its
-own steps. The next ``B`` maximises the upper confidence bound of log goodput (BoTorch's
-``UpperConfidenceBound`` of the residual, plus the known terms) over a geometric grid of
-candidates; it is proposed only when its posterior-mean goodput beats the current one by
-``min_gain``.
+own steps and every window's prediction remade with the rank model as it is now
+(:meth:`BatchScaler.refresh`; :mod:`~lightning_rex.core.scaling.residual`). The next ``B``
+maximises the upper confidence bound of log goodput (BoTorch's ``UpperConfidenceBound`` of
+the residual, plus the known terms) over a geometric grid of candidates; it is proposed
+only when its posterior-mean goodput beats the current one by ``min_gain``.
 
 **Validation.** After a change the new batch's window is compared with the windows before it
 at the old batch: the goodput ratio is ``k t_old / t_new`` with ``k = B' E(B') / (B E(B))``,
@@ -38,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rex.core.saved import StateError, real, whole
+from lightning_rex.core.saved import StateError, whole
 from lightning_rex.core.saved import field as state_field
 from lightning_rex.core.scaling.config import GlobalBatchScaling
 from lightning_rex.core.scaling.noise_scale import (
@@ -48,7 +49,9 @@ from lightning_rex.core.scaling.noise_scale import (
 )
 from lightning_rex.core.scaling.residual import (
     GoodputObservation,
+    check_observation,
     log_batch_input,
+    refresh_predictions,
     residual_gp,
     residual_posterior,
 )
@@ -167,13 +170,21 @@ class BatchScaler:
         noise = 0.0 if self.noise.noise is None else self.noise.noise
         return lr_factor(self.config.lr_rule, batch, self.base_batch, grad_sq, noise)
 
-    def record(self, batch: int, step_times: np.ndarray, predicted_s: float) -> None:
+    def record(
+        self,
+        batch: int,
+        step_times: np.ndarray,
+        predicted_s: float,
+        plan: tuple[int, ...] | None = None,
+    ) -> None:
         """Take one window's synchronous step times measured at ``batch``.
 
         Args:
             batch: The global batch the window ran at.
             step_times: Per-step synchronous times in seconds, shape ``(K,)``, ``K >= 2``.
-            predicted_s: The rank model's step time for ``batch`` when the window was taken.
+            predicted_s: The rank model's step time of the plan it ran, when it was taken.
+            plan: That plan, for :meth:`refresh` to predict it again; None keeps the
+                prediction as made.
         """
         log_times = np.log(np.asarray(step_times, dtype=np.float64))
         if (
@@ -184,7 +195,13 @@ class BatchScaler:
             return
         var = max(long_run_variance(log_times) / log_times.size, 1e-6)
         self._obs.append(
-            GoodputObservation(int(batch), float(log_times.mean()), var, math.log(predicted_s))
+            GoodputObservation(
+                int(batch),
+                float(log_times.mean()),
+                var,
+                math.log(predicted_s),
+                None if plan is None else tuple(int(size) for size in plan),
+            )
         )
         if len(self._obs) > _MAX_OBS:
             counts: dict[int, int] = {}
@@ -193,6 +210,14 @@ class BatchScaler:
             most = max(counts, key=lambda b: counts[b])
             self._obs.pop(next(i for i, o in enumerate(self._obs) if o.batch == most))
         self._since += 1
+
+    def refresh(self, predict_plan: Callable[[tuple[int, ...]], float]) -> None:
+        """Remake every window's prediction with the rank model as it is now.
+
+        Args:
+            predict_plan: The rank model's step time (seconds) of a plan.
+        """
+        refresh_predictions(self._obs, predict_plan)
 
     @property
     def ready(self) -> bool:
@@ -353,7 +378,10 @@ class BatchScaler:
         return {
             "base_batch": self.base_batch,
             "noise": self.noise.state_dict(),
-            "obs": [[o.batch, o.log_t, o.var, o.pred] for o in self._obs],
+            "obs": [
+                [o.batch, o.log_t, o.var, o.pred, None if o.plan is None else list(o.plan)]
+                for o in self._obs
+            ],
             "since": self._since,
         }
 
@@ -376,7 +404,7 @@ class BatchScaler:
             StateError: Naming the field: another base batch, a noise state that is not
                 finite, or an observation at a batch outside the range or with a time,
                 variance or prediction that is not a finite number (a positive one for the
-                variance).
+                variance), or a plan that does not sum to its batch.
         """
         low, high = config.min_global_batch, config.max_global_batch
         base = whole(state_field(d, "base_batch", name), f"{name}.base_batch", 1)
@@ -388,19 +416,10 @@ class BatchScaler:
         obs_v = state_field(d, "obs", name)
         if not isinstance(obs_v, list) or len(obs_v) > _MAX_OBS:
             raise StateError(f"{name}.obs", f"must be a list of at most {_MAX_OBS} observations")
-        obs = []
-        for index, entry in enumerate(obs_v):
-            where = f"{name}.obs[{index}]"
-            if not isinstance(entry, (list, tuple)) or len(entry) != 4:
-                raise StateError(where, "must be [batch, log time, variance, log prediction]")
-            obs.append(
-                GoodputObservation(
-                    whole(entry[0], f"{where}[0]", low, high),
-                    real(entry[1], f"{where}[1]"),
-                    real(entry[2], f"{where}[2]", positive=True),
-                    real(entry[3], f"{where}[3]"),
-                )
-            )
+        obs = [
+            check_observation(entry, f"{name}.obs[{index}]", low, high)
+            for index, entry in enumerate(obs_v)
+        ]
         return {
             "base_batch": base,
             "noise": NoiseScale.check_state(state_field(d, "noise", name), f"{name}.noise"),

@@ -51,6 +51,7 @@ from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.plans.proposal import best_plans_for
 from lightning_rex.core.scaling.batch_scaling import BatchScaler
 from lightning_rex.core.scaling.saved_state import check_scaling_state
+from lightning_rex.core.scaling.straggler import StragglerWait
 from lightning_rex.core.window import Window
 
 __all__ = ["ScalingDecider"]
@@ -119,7 +120,9 @@ class ScalingDecider:
         self._change: tuple[int, Plan, list[float]] | None = None
         self._trial: list[float] = []
         self._predicted: dict[int, float] = {}
+        self._predicted_plans: dict[tuple[int, ...], float] = {}
         self._overheads: list[float] = []
+        self.wait = StragglerWait()
 
     @property
     def plan(self) -> Plan:
@@ -183,6 +186,7 @@ class ScalingDecider:
         """
         if window.overhead_s is not None:
             self._overheads = [*self._overheads, window.overhead_s][-_OVERHEAD_WINDOWS:]
+        self.wait.observe(window.times)
         step_max = window.step_max
         return _steady(step_max[1:] if first and step_max.size >= 3 else step_max) + self.overhead_s
 
@@ -209,7 +213,7 @@ class ScalingDecider:
             # times carry the per-step overhead as the baseline's and the predictions do
             times = self._times(window, first=not self._trial)
             if self.controller.model.n_obs > 0:
-                self.scaler.record(batch, times, self._predict(batch))
+                self.scaler.record(batch, times, self._predict_plan(window.plan), window.plan)
             self._trial += times.tolist()
             if len(self._trial) < self.window_steps:
                 # a sequential look: a gain already shown at a stricter confidence is kept
@@ -272,9 +276,10 @@ class ScalingDecider:
         enough = len(self._recent) >= max(2, self.window_steps // 3)
         if enough:  # (the candidates include batch: one grid posterior and one sort for all)
             self._predict_many(self.scaler.candidates(batch).tolist())
-        self.scaler.record(batch, times, self._predict(batch))
+        self.scaler.record(batch, times, self._predict_plan(window.plan), window.plan)
         if not enough:
             return decision
+        self.scaler.refresh(self._predict_plan)  # the residual of the rank model as it is now
         proposal = self.scaler.propose(batch, self._predict)
         if proposal is None:
             return decision
@@ -332,7 +337,10 @@ class ScalingDecider:
                 self._forget()
 
     def _predict(self, batch: int) -> float:
-        """The rank model's step time for ``batch``, or inf to rule it out.
+        """The rank model's step time of the best plan for ``batch``, or inf to rule it out.
+
+        The plan's ranks' times with the wait for the slowest noisy one (:attr:`wait`), plus
+        the overhead.
 
         Inf when the size bounds (memory caps measured at run time) cannot hold ``batch``.
         Predictions are kept until the rank model next takes a window (:meth:`_forget`).
@@ -340,6 +348,17 @@ class ScalingDecider:
         if batch not in self._predicted:
             self._predict_many([batch])
         return self._predicted[batch]
+
+    def _predict_plan(self, plan: Sequence[int]) -> float:
+        """The rank model's step time of ``plan``, the straggler wait and overhead included.
+
+        Kept, as :meth:`_predict`'s are, until the rank model next takes a window.
+        """
+        key = tuple(int(size) for size in plan)
+        if key not in self._predicted_plans:
+            rank_s = self.controller.model.predict(key)
+            self._predicted_plans[key] = self.wait.step_time(rank_s, self.overhead_s)
+        return self._predicted_plans[key]
 
     def _predict_many(self, batches: Sequence[int]) -> None:
         """Predict the step times of several batches on one posterior of the size grid."""
@@ -354,12 +373,12 @@ class ScalingDecider:
                 self._predicted[batch] = math.inf
             else:
                 want.append(batch)
-        for batch, (_, step_s) in zip(want, best_plans_for(ctl.model, bounds, want)):
-            self._predicted[batch] = step_s + self.overhead_s
+        for batch, (_, rank_s) in zip(want, best_plans_for(ctl.model, bounds, want)):
+            self._predicted[batch] = self.wait.step_time(rank_s, self.overhead_s)
 
     def _forget(self) -> None:
         """The rank model took a window: the predictions made before it are stale."""
-        self._predicted = {}
+        self._predicted, self._predicted_plans = {}, {}
 
     def rank_model_summary(self) -> dict[str, list[float]]:
         """The controller's per-rank fitted rates and overheads."""
