@@ -106,6 +106,11 @@ class ScalingDecider:
         controller: The controller (built with ``max_global_batch``).
         scaler: The global batch scaler.
         window_steps: Steps under a new global batch before it is validated.
+
+    Attributes:
+        wait: The wait for the slowest noisy rank, estimated from the windows' per-rank
+            times and added to every prediction of a step
+            (:class:`~lightning_rex.core.scaling.straggler.StragglerWait`).
     """
 
     def __init__(self, controller: Controller, scaler: BatchScaler, window_steps: int) -> None:
