@@ -437,11 +437,44 @@ def _gns_summary(data: dict[str, Any], presets: tuple[str, ...], what: str) -> s
     )
 
 
+_GAP_PARTS = ("start_s", "trials_s", "kept_s", "shape_s", "steps_s")
+
+
+def _gns_gap_rows(data: dict[str, Any], presets: tuple[str, ...]) -> list[str]:
+    """The time of rex and of Pollux-split over the oracle's, part by part (``time_parts``).
+
+    Each cell is the policy's mean part less the oracle's, in points of the oracle's mean
+    time; the first is the whole difference (the limit's, the last step's overshoot, is in
+    it too).
+    """
+    rows = [
+        "| preset | policy | over the oracle | at `B0`, before the first change"
+        " | trials gone back on | the batches kept | new shapes | the split and noise |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in presets:
+        pol = result(data, p)["policies"]
+        oracle = pol["adaptive-oracle"]
+        base, ref = oracle["time_to_target_mean"], oracle["time_parts_mean"]
+        for name, label in (("rex", "rex"), ("pollux-split", "Pollux, oracle split")):
+            agg = pol[name]
+            parts = agg["time_parts_mean"]
+            total = 100.0 * (agg["time_to_target_mean"] - base) / base
+            cells = [f"{100.0 * (parts[k] - ref[k]) / base:+.1f}" for k in _GAP_PARTS]
+            rows.append(
+                f"| {f'`{p}`' if name == 'rex' else ''} | {label} | {total:+.1f}% | "
+                + " | ".join(cells)
+                + " |"
+            )
+    return rows
+
+
 def render_gns_long(data: dict[str, Any]) -> dict[str, str]:
     """The long workload presets' table (hours at the fixed ``B0``) and its summary."""
     return {
         "gns-long-table": "\n".join([*_gns_rows(data, GNS_LONG), "", measured(data)]),
         "gns-long-summary": _gns_summary(data, GNS_LONG, "long presets (hours at `B0`)"),
+        "gns-long-gap": "\n".join(_gns_gap_rows(data, GNS_LONG)),
     }
 
 
@@ -459,4 +492,5 @@ def render_gns(data: dict[str, Any]) -> dict[str, str]:
         "gns-table": "\n".join([*rows, "", measured(data)]),
         "gns-4096": line,
         "gns-summary": summary,
+        "gns-gap": "\n".join(_gns_gap_rows(data, GNS)),
     }

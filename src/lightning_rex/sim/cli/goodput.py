@@ -20,7 +20,13 @@ import numpy as np
 
 from lightning_rex.sim.cli.progress import progress_bar
 from lightning_rex.sim.cli.report import paired_ratio
-from lightning_rex.sim.engine.goodput import BATCH_POLICIES, hindsight_batch, run_goodput
+from lightning_rex.sim.engine.goodput import (
+    BATCH_POLICIES,
+    hindsight_batch,
+    limit_curve,
+    run_goodput,
+)
+from lightning_rex.sim.engine.time_parts import PARTS
 from lightning_rex.sim.scenarios.scenario import Scenario
 
 __all__ = ["aggregate_goodput", "main_goodput"]
@@ -55,9 +61,11 @@ def aggregate_goodput(rs: list[dict[str, Any]]) -> dict[str, Any]:
     Returns:
         Mean and largest time to target (over the runs that reached it, None if none did),
         the share that reached it, and means of the steps, batch, changes, first change
-        step and rollbacks, and the largest p99 decision time.
+        step and rollbacks, the largest p99 decision time, and the mean of each of the
+        time parts over the runs that reached the target (None if none did).
     """
     times = [r["time_to_target_s"] for r in rs if r["reached"]]
+    parts = [r["time_parts"] for r in rs if r["reached"] and r.get("time_parts")]
     firsts = [r["first_batch_change_step"] for r in rs if r["first_batch_change_step"] is not None]
     return {
         "time_to_target_mean": float(np.mean(times)) if times else None,
@@ -69,6 +77,9 @@ def aggregate_goodput(rs: list[dict[str, Any]]) -> dict[str, Any]:
         "first_change_step_mean": float(np.mean(firsts)) if firsts else None,
         "rollbacks_mean": float(np.mean([r["rollbacks"] for r in rs])),
         "decision_ms_p99": float(np.max([r["decision_ms_p99"] for r in rs])),
+        "time_parts_mean": (
+            {k: float(np.mean([p[k] for p in parts])) for k in PARTS} if parts else None
+        ),
     }
 
 
@@ -104,7 +115,8 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
         if unsupported:
             raise ValueError(f"{unsupported[0]} is not supported on a workload scenario")
         names = _names(args)
-        best_fixed = hindsight_batch(scen)[0] if "hindsight" in names else None
+        limit = limit_curve(scen)
+        best_fixed = hindsight_batch(scen, limit)[0] if "hindsight" in names else None
     except ValueError as err:
         print(f"simulate: {err}", file=sys.stderr)
         return 2
@@ -115,7 +127,7 @@ def main_goodput(args: argparse.Namespace, scen: Scenario, fmt: Any) -> int:
         for policy_name in names:
             bar.set_postfix_str(f"seed {seed}, {policy_name}")
             per[policy_name].append(
-                run_goodput(scen, policy_name, seed, hindsight=best_fixed).to_dict()
+                run_goodput(scen, policy_name, seed, hindsight=best_fixed, limit=limit).to_dict()
             )
             bar.update(1)
     bar.close()

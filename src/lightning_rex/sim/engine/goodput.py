@@ -37,6 +37,7 @@ import numpy as np
 from lightning_rex.core.plans.plan import Plan, even_plan
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.sim.engine.engine import decider_for, default_loop, run_loop
+from lightning_rex.sim.engine.time_parts import LimitCurve, time_parts
 from lightning_rex.sim.engine.times import ScenarioTimes
 from lightning_rex.sim.policies.adaptive_oracle import AdaptiveOraclePolicy
 from lightning_rex.sim.policies.base import Policy, PolicyInfo
@@ -45,7 +46,13 @@ from lightning_rex.sim.policies.pollux import PolluxPolicy
 from lightning_rex.sim.scenarios.scenario import Scenario
 from lightning_rex.sim.scenarios.workload import GradientNorms, Workload
 
-__all__ = ["BATCH_POLICIES", "GoodputResult", "hindsight_batch", "run_goodput"]
+__all__ = [
+    "BATCH_POLICIES",
+    "GoodputResult",
+    "hindsight_batch",
+    "limit_curve",
+    "run_goodput",
+]
 
 BATCH_POLICIES = ("fixed", "hindsight", "pollux", "pollux-split", "adaptive-oracle", "rex")
 """The global batch policies :func:`run_goodput` runs."""
@@ -74,6 +81,9 @@ class GoodputResult:
         decision_ms_p50: Median wall-clock milliseconds of one window decision (rex, fixed).
         decision_ms_p99: Their 99th percentile.
         batches: ``[first step, global batch]`` of every batch in force.
+        time_parts: Where the time to target went, seconds per part
+            (:func:`~lightning_rex.sim.engine.time_parts.time_parts`), or None when the
+            target was not reached.
     """
 
     scenario: str
@@ -90,6 +100,7 @@ class GoodputResult:
     decision_ms_p50: float
     decision_ms_p99: float
     batches: list[list[int]] = field(default_factory=list)
+    time_parts: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON fields (without scenario, seed and policy, which key them)."""
@@ -127,7 +138,28 @@ def _info(s: Scenario, seed: int, batch: int, batch_range: tuple[int, int] | Non
     )
 
 
-def hindsight_batch(s: Scenario) -> tuple[int, float]:
+def limit_curve(s: Scenario) -> LimitCurve:
+    """The oracle's split's noise-free step times over the scan's grid (and ``B0``).
+
+    The grid is geometric over the workload's batch range, :data:`_SCAN` batches: what
+    :func:`hindsight_batch` scans and what :func:`run_goodput`'s time parts take the best
+    goodput over.
+
+    Args:
+        s: A workload scenario.
+
+    Returns:
+        The :class:`~lightning_rex.sim.engine.time_parts.LimitCurve`.
+
+    Raises:
+        ValueError: Without a workload.
+    """
+    low, high = _workload(s).batch_range
+    grid = np.r_[np.round(np.geomspace(low, high, _SCAN)).astype(np.int64), s.global_batch]
+    return LimitCurve.of(s, grid.tolist())
+
+
+def hindsight_batch(s: Scenario, limit: LimitCurve | None = None) -> tuple[int, float]:
     """The fixed global batch with the least noise-free time to the target (a scan).
 
     Every batch of a geometric grid over the workload's range (and ``B0``) runs at the
@@ -136,6 +168,7 @@ def hindsight_batch(s: Scenario) -> tuple[int, float]:
 
     Args:
         s: A workload scenario.
+        limit: :func:`limit_curve` of ``s``, when already computed.
 
     Returns:
         ``(batch, seconds to the target)``.
@@ -145,11 +178,8 @@ def hindsight_batch(s: Scenario) -> tuple[int, float]:
             scenario's ``steps``.
     """
     workload = _workload(s)
-    low, high = workload.batch_range
-    grid = np.unique(
-        np.r_[np.round(np.geomspace(low, high, _SCAN)).astype(np.int64), s.global_batch]
-    )
-    step_s = oracle_step_s(s, [oracle_plan(s, int(b)) for b in grid])
+    curve = limit_curve(s) if limit is None else limit
+    grid, step_s = curve.batches, curve.step_s
     trace_progress = np.array([r[0] for r in workload.trace])
     grad_sqrs, grad_vars = (
         np.array([r[1] for r in workload.trace]),
@@ -205,7 +235,12 @@ def _policy(
 
 
 def run_goodput(
-    s: Scenario, policy: str, seed: int = 0, *, hindsight: int | None = None
+    s: Scenario,
+    policy: str,
+    seed: int = 0,
+    *,
+    hindsight: int | None = None,
+    limit: LimitCurve | None = None,
 ) -> GoodputResult:
     """Run a global batch policy on a workload scenario until its target.
 
@@ -214,6 +249,7 @@ def run_goodput(
         policy: One of :data:`BATCH_POLICIES`.
         seed: Seeds the step-time noise and the gradient draws (every policy gets the same).
         hindsight: The hindsight batch, when already scanned (:func:`hindsight_batch`).
+        limit: :func:`limit_curve` of ``s``, when already computed (for the time parts).
 
     Returns:
         The :class:`GoodputResult`.
@@ -223,8 +259,10 @@ def run_goodput(
     """
     workload = _workload(s)
     batch = s.global_batch
+    if limit is None:
+        limit = limit_curve(s)
     if policy == "hindsight":
-        batch = hindsight if hindsight is not None else hindsight_batch(s)[0]
+        batch = hindsight if hindsight is not None else hindsight_batch(s, limit)[0]
     pol, info, first, loop = _policy(policy, s, seed, batch)
     times = ScenarioTimes(s, seed, first)
     norms = GradientNorms(workload, seed)
@@ -263,6 +301,14 @@ def run_goodput(
     ]
     latencies_ms = np.asarray(res.decision_ms) if res.decision_ms else np.zeros(1)
     reached = progress[0] >= workload.target_progress
+    known = dict(zip(limit.batches.tolist(), limit.step_s.tolist()))
+
+    def noise_free_s(b: int) -> float:
+        if b not in known:
+            known[b] = float(oracle_step_s(s, [oracle_plan(s, b)])[0])
+        return known[b]
+
+    parts = time_parts(workload, limit, noise_free_s, res.step_s[:ran], sizes) if reached else None
     return GoodputResult(
         scenario=s.name,
         seed=int(seed),
@@ -278,4 +324,5 @@ def run_goodput(
         decision_ms_p50=float(np.percentile(latencies_ms, 50)),
         decision_ms_p99=float(np.percentile(latencies_ms, 99)),
         batches=moves,
+        time_parts=parts,
     )
