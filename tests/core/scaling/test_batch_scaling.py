@@ -249,3 +249,36 @@ def test_a_signal_hidden_in_the_noise_argues_for_a_larger_batch_on_its_bound(see
         return 0.001 * (batch / B0) ** 3
 
     assert sc.propose(B0, steep) is None
+
+
+def test_an_early_target_is_chosen_at_the_pessimistic_noise_scale(monkeypatch):
+    """Before min_noise_steps the batch is chosen, not only vetoed, at the noise scale's
+    pessimistic bound: an early estimate many times the true one would otherwise send the
+    first change to the largest batch (gns-flat-64: 16,384 where the oracle ran 4,826)."""
+
+    def fixed_cost(batch):
+        return 0.06 + batch / RATE
+
+    def first_proposal(low, high):
+        sc = BatchScaler(GlobalBatchScaling(16, 4096, windows_between=1), B0, N)
+        feed_noise(sc, np.random.default_rng(0), steps=20)
+        assert sc.noise.steps < sc.config.min_noise_steps
+        monkeypatch.setattr(sc.noise, "interval", lambda confidence, min_steps: (low, high))
+        sc.record(B0, np.full(30, fixed_cost(B0)), fixed_cost(B0))
+        return sc, sc.propose(B0, fixed_cost)
+
+    sc, sure = first_proposal(PHI, PHI)  # an interval as narrow as the estimate
+    assert sure is not None
+    _, wide = first_proposal(PHI / 10, 10 * PHI)
+    assert wide is not None and wide[0] < sure[0]
+    # its gain is the one at the bound: what the change must pay even if the noise is low
+    low = PHI / 10
+    at_low = goodput_at(wide[0], low, fixed_cost) / goodput_at(B0, low, fixed_cost)
+    assert wide[1] == pytest.approx(at_low, rel=0.02)
+    grid = sc.candidates(B0)
+    best_at_low = max(grid, key=lambda b: goodput_at(b, low, fixed_cost))
+    assert wide[0] <= max(best_at_low, 2 * B0)  # never past the optimum at the bound
+
+
+def goodput_at(batch, phi, true_time):
+    return batch / true_time(batch) * (phi + B0) / (phi + batch)

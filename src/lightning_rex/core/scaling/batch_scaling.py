@@ -288,6 +288,11 @@ class BatchScaler:
         # candidate of the small grid is evaluated (what optimize_acqf_discrete would do).
         known = np.log(grid) + np.log([self.efficiency(float(x)) for x in grid])
         known -= np.array([_log_time(predict(int(x))) for x in grid])
+        if self.noise.steps < self.config.min_noise_steps:  # early: the sequential test
+            pessimistic = self._pessimistic_efficiency(grid, current)
+            if pessimistic is None:
+                return None
+            mean, known = mean + pessimistic, known + pessimistic
         if self._obs:
             from botorch.acquisition import UpperConfidenceBound
 
@@ -318,22 +323,35 @@ class BatchScaler:
             return None
         if grid[best] < current and self.phi != self.noise.phi:
             return None  # a signal still hidden in the noise never argues for a smaller batch
-        if self.noise.steps < self.config.min_noise_steps:  # early: the sequential test
-            bounds = self.noise.interval(self.config.confidence, EARLY_STEPS)
-            if bounds is None:
-                return None
-            phi = bounds[0] if grid[best] > current else bounds[1]
-            if math.isfinite(phi):
-                base, new = self.base_batch, float(grid[best])
-                worst = statistical_efficiency(new, base, phi) / statistical_efficiency(
-                    current, base, phi
-                )
-                if (
-                    gain * worst / (self.efficiency(new) / self.efficiency(current))
-                    < 1.0 + self.config.min_gain
-                ):
-                    return None
         return int(grid[best]), gain
+
+    def _pessimistic_efficiency(self, grid: np.ndarray, current: int) -> np.ndarray | None:
+        """Early, what each candidate's log efficiency loses at the pessimistic noise scale.
+
+        Before ``min_noise_steps`` a change is judged on the end of the noise scale's
+        one-sided ``confidence`` interval that argues against it: the lower bound for a
+        larger batch, the upper for a smaller one (a sequential test). The target is chosen
+        on it too, not only vetoed: an early estimate can be many times the true noise scale,
+        and its optimum then lies at the largest batch.
+
+        Returns:
+            ``log E(B; pessimistic) - log E(B)`` per candidate (0 at ``current``), or None
+            while the interval has fewer than :data:`EARLY_STEPS` estimates.
+        """
+        bounds = self.noise.interval(self.config.confidence, EARLY_STEPS)
+        if bounds is None:
+            return None
+        base = self.base_batch
+        out = np.zeros(grid.size)
+        for i, batch in enumerate(grid.tolist()):
+            phi = bounds[0] if batch > current else bounds[1]
+            if batch == current or not math.isfinite(phi):
+                continue
+            worst = statistical_efficiency(batch, base, phi) / statistical_efficiency(
+                current, base, phi
+            )
+            out[i] = math.log(worst) - math.log(self.efficiency(batch) / self.efficiency(current))
+        return out
 
     def changed(self) -> None:
         """Tell the scaler a change was made (the window count restarts)."""

@@ -31,8 +31,9 @@ class GlobalBatchScaling:
             the estimate alone. Before them (from
             :data:`~lightning_rex.core.scaling.batch_scaling.EARLY_STEPS` steps) a change is
             proposed only when it pays even at the pessimistic end of the noise scale's
-            one-sided ``confidence`` interval: a sequential test, so that a large gain is
-            taken as soon as the evidence shows it.
+            one-sided ``confidence`` interval, and the batch is chosen at that end: a
+            sequential test, so that a large gain is taken as soon as the evidence shows
+            it.
         candidates: Batch sizes on the geometric grid the acquisition is evaluated on
             (at most :data:`MAX_CANDIDATES`).
         beta: ``UpperConfidenceBound``'s exploration weight (on log goodput).
@@ -47,7 +48,7 @@ class GlobalBatchScaling:
     min_global_batch: int
     max_global_batch: int
     lr_rule: LrRule = "sqrt"
-    min_gain: float = 0.05
+    min_gain: float = 0.03
     confidence: float = 0.95
     decay: float = 0.99
     min_noise_steps: int = 50
