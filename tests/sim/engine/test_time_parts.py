@@ -70,13 +70,26 @@ def test_bad_inputs_are_named() -> None:
 def test_a_simulated_run_s_parts_sum_to_its_time() -> None:
     s = scenario_from_dict(workload_scenario())
     limit = limit_curve(s)
-    for policy in ("rex", "adaptive-oracle"):
+    parts = {}
+    for policy in ("rex", "adaptive-oracle", "fixed"):
         r = run_goodput(s, policy, 0, limit=limit)
         assert r.time_parts is not None and r.time_to_target_s is not None
         assert set(r.time_parts) == set(PARTS)
         assert sum(r.time_parts.values()) == pytest.approx(r.time_to_target_s)
         # the noise-free limit is the same progress at the best goodput: below the run
         assert 0 < r.time_parts["limit_s"] < r.time_to_target_s
+        parts[policy] = r.time_parts
+
+    def choice(p: dict[str, float]) -> float:
+        return p["start_s"] + p["trials_s"] + p["kept_s"]
+
+    # one target, one limit (up to the last step's overshoot); the oracle's batch choice
+    # costs nothing over it, the fixed B0 (far below the best batch) most of its time
+    limits = [p["limit_s"] for p in parts.values()]
+    assert max(limits) < 1.05 * min(limits)
+    assert abs(choice(parts["adaptive-oracle"])) < 0.01 * parts["adaptive-oracle"]["limit_s"]
+    assert choice(parts["fixed"]) > choice(parts["rex"]) > 0
+    assert parts["fixed"]["start_s"] == 0.0  # no change: all of it is kept
     short = run_goodput(scenario_from_dict(workload_scenario(target_progress=1e9)), "fixed", 0)
     assert not short.reached and short.time_parts is None
 
