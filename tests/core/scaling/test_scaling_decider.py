@@ -211,3 +211,64 @@ def test_a_large_batch_gain_goes_before_a_resplit_of_the_old_batch(seed):
     assert dec.controller.phase == "steady" and dec.global_batch == sum(first.plan)
     dec.decline()  # the plan to return to is a validated plan of B0, not a dropped trial
     assert dec.global_batch == B0 and dec.controller.phase == "steady" and sum(dec.plan) == B0
+
+
+def _to_a_trial_on(dec, rng, plan_of):
+    """Run to a new batch's proposal, then force the trial onto ``plan_of(batch)``."""
+    for _ in range(20):
+        (d,) = run(dec, rng, 1)
+        if d.kind == "propose" and "global batch" in d.reason:
+            new = sum(d.plan)
+            dec.controller.set_global_batch(new, plan_of(new))
+            return new
+    pytest.fail("no change of the global batch")
+
+
+def _even(batch):
+    return tuple(batch // N + (r < batch % N) for r in range(N))
+
+
+def test_a_trial_far_off_its_best_split_is_re_split_once():
+    # the trial's plan is the even split, 1.6x slower on ranks of rates 1:1:2:2 than the
+    # best: after its first window the trial is re-split and restarts on the new plan; the
+    # trial is re-split at most once, even if its plan were off again
+    rng = np.random.default_rng(0)
+    dec = make()
+    new = _to_a_trial_on(dec, rng, _even)
+    (d,) = run(dec, rng, 1)
+    assert d.kind == "propose" and "re-split" in d.reason, d.reason
+    assert sum(d.plan) == new and d.plan != _even(new) and dec.plan == d.plan
+    assert d.plan[2] > d.plan[0]  # the faster ranks take more
+    assert dec._trial == []
+    # a window still under the old trial plan is not trial evidence
+    held = dec.observe(Window(times(_even(new), rng), _even(new), 0, 30))
+    assert held.kind == "hold" and "not yet in force" in held.reason and dec._trial == []
+    state = json.loads(json.dumps(dec.state_dict()))
+    assert state["change"]["resplit"] is True
+    again = make()
+    again.load_state_dict(state)
+    assert again._resplit
+    dec.controller.set_global_batch(new, _even(new))
+    (d,) = run(dec, rng, 1)
+    assert d.kind in ("hold", "accept", "rollback") and "re-split" not in d.reason, d.reason
+
+
+def test_a_trial_near_its_best_split_is_not_re_split():
+    rng = np.random.default_rng(0)
+    dec = make()
+    _to_a_trial_on(dec, rng, lambda new: dec.plan)
+    ds = run(dec, rng, 2)
+    assert not any("re-split" in d.reason for d in ds), [d.reason for d in ds]
+
+
+def test_a_declined_re_split_keeps_the_trial_on_its_plan():
+    rng = np.random.default_rng(0)
+    dec = make()
+    new = _to_a_trial_on(dec, rng, _even)
+    (d,) = run(dec, rng, 1)
+    assert "re-split" in d.reason, d.reason
+    dec.decline()
+    assert dec.global_batch == new and dec.plan == _even(new) and dec._change is not None
+    (d,) = run(dec, rng, 1)  # measured on, under the plan in force
+    assert d.kind != "propose" or "re-split" not in d.reason
+    assert dec._trial or d.kind in ("accept", "rollback")

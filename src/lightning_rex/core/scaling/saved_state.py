@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_rex.core.decide.saved_state import check_controller_state
-from lightning_rex.core.saved import StateError, field, float_list, int_list, whole
+from lightning_rex.core.saved import StateError, field, flag, float_list, int_list, whole
 from lightning_rex.core.scaling.batch_scaling import BatchScaler
 from lightning_rex.core.scaling.config import GlobalBatchScaling
 
@@ -68,7 +68,9 @@ def check_scaling_state(
         base = float_list(
             field(change, "baseline", "decider.change"), "decider.change.baseline", None, True
         )
-        change = {"batch": old, "plan": tuple(plan), "baseline": base}
+        # (absent from states saved before the trial re-split)
+        resplit = flag(change.get("resplit", False), "decider.change.resplit")
+        change = {"batch": old, "plan": tuple(plan), "baseline": base, "resplit": resplit}
     return {
         "controller": ctl,
         "scaler": scaler,

@@ -20,6 +20,13 @@ split of ``B0`` would otherwise hold the batch at ``B0`` through its whole valid
 proposed re-split's predicted speedup is credited to the old batch's baseline, so that the
 new batch is kept only if it beats the old one split as proposed.
 
+A new batch starts on the plan the rank model extrapolates to its sizes, which can be well
+off (10-24% slower than the best split on the simulator's 64-rank presets): a true gain of
+the batch would then be measured as a loss and rolled back. Once per trial, after the rank
+model has taken a window at the new sizes, the trial is re-split when the model predicts the
+best plan for the new batch ``min_gain`` faster than the trial's plan (``propose``), and the
+trial restarts on the new plan (:meth:`ScalingDecider._trial_resplit`).
+
 Per-step gradient norms reach the scaler through :meth:`ScalingDecider.add_gradient_norms`,
 from the training thread, while windows may be decided in the loop's background thread. The
 training thread only appends to a queue under its own short lock (it must never wait for a
@@ -124,6 +131,9 @@ class ScalingDecider:
         # (old batch, old plan, baseline times) while a new batch is validated, and its times
         self._change: tuple[int, Plan, list[float]] | None = None
         self._trial: list[float] = []
+        # the trial was re-split (once per trial), and the trial plan it left while pending
+        self._resplit = False
+        self._resplit_from: Plan | None = None
         self._predicted: dict[int, float] = {}
         self._predicted_plans: dict[tuple[int, ...], float] = {}
         self._overheads: list[float] = []
@@ -204,8 +214,9 @@ class ScalingDecider:
 
         if self._change is not None:
             old, old_plan, base = self._change
-            if batch == old:
-                return hold("new global batch not yet in force")
+            if batch == old or window.plan != self.controller.plan:
+                return hold("new global batch (or its re-split) not yet in force")
+            self._resplit_from = None
             # the new batch's windows teach both models: the rank times at the new sizes (a
             # re-split the controller would propose now is declined: the batch comes first)
             # and the goodput residual at the new batch
@@ -219,6 +230,9 @@ class ScalingDecider:
             times = self._times(window, first=not self._trial)
             if self.controller.model.n_obs > 0:
                 self.scaler.record(batch, times, self._predict_plan(window.plan), window.plan)
+            trial_split = self._trial_resplit(window, old, measured)
+            if trial_split is not None:
+                return trial_split
             self._trial += times.tolist()
             if len(self._trial) < self.window_steps:
                 # a sequential look: a gain already shown at a stricter confidence is kept
@@ -232,7 +246,7 @@ class ScalingDecider:
                         f" {self.window_steps} steps)"
                     )
             verdict = self.scaler.validate(old, batch, np.asarray(base), np.asarray(self._trial))
-            self._change, self._trial, self._recent = None, [], []
+            self._change, self._trial, self._recent, self._resplit = None, [], [], False
             what = (
                 f"global batch {old} -> {batch}: goodput x{verdict.gain:.3f}"
                 f" (lower bound x{verdict.lower:.3f})"
@@ -307,6 +321,7 @@ class ScalingDecider:
             return hold(f"global batch {batch} -> {new}: out of bounds") if resplit else decision
         # (so that the new batch is kept only if it beats the old one split as proposed)
         self._change = (batch, old_plan, [t / credit for t in self._recent])
+        self._resplit = False
         self.scaler.changed()
         return Decision(
             "propose",
@@ -316,6 +331,46 @@ class ScalingDecider:
             decision.significance,
             f"global batch {batch} -> {new}: goodput predicted x{gain:.3f} (noise scale"
             f" {self.scaler.phi:.4g}, efficiency x{self.scaler.efficiency(new):.3f})",
+            window.step_end,
+        )
+
+    def _trial_resplit(self, window: Window, old: int, measured: float) -> Decision | None:
+        """Re-split a new batch's trial once, when its plan is predicted well off the best.
+
+        The trial's plan was extrapolated before the rank model had seen the new sizes; after
+        its first window at them, the model's best plan for the batch is predicted against
+        the trial's (both with the straggler wait and the overhead). A predicted speedup of
+        at least ``min_gain`` re-splits the trial: the new plan is proposed, the trial's times
+        so far are dropped, and the trial restarts when the new plan is in force.
+
+        Args:
+            window: The trial's window just taken by the rank model.
+            old: The batch before the change.
+            measured: The window's slowest rank median (for the decision).
+
+        Returns:
+            The ``propose`` decision, or None to measure the trial on.
+        """
+        batch = sum(window.plan)
+        if self._resplit or self.controller.model.n_obs == 0:
+            return None
+        try:
+            plan, _ = self.controller.predict_step_time(batch)
+        except ValueError:  # the bounds cannot hold the batch now: the verdict will tell
+            return None
+        now, then = self._predict_plan(window.plan), self._predict_plan(plan)
+        if plan == window.plan or now < then * (1.0 + self.scaler.config.min_gain):
+            return None
+        self.controller.set_global_batch(batch, plan)
+        self._resplit, self._resplit_from, self._trial = True, window.plan, []
+        return Decision(
+            "propose",
+            plan,
+            then,
+            measured,
+            None,
+            f"global batch {old} -> {batch}: the trial re-split on its first measured sizes"
+            f" (step predicted x{now / then:.3f} faster)",
             window.step_end,
         )
 
@@ -398,7 +453,11 @@ class ScalingDecider:
     def decline(self) -> None:
         """The last decision will not be applied: a new global batch is undone."""
         with self._lock:
-            if self._change is not None:
+            if self._change is not None and self._resplit_from is not None:
+                # the trial's re-split: the trial goes on with the plan it had
+                self.controller.set_global_batch(self.global_batch, self._resplit_from)
+                self._resplit_from = None
+            elif self._change is not None:
                 old, old_plan, _ = self._change
                 self._change, self._trial = None, []
                 self.controller.set_global_batch(old, old_plan)
@@ -413,7 +472,12 @@ class ScalingDecider:
             change = None
             if self._change is not None:
                 old, old_plan, base = self._change
-                change = {"batch": old, "plan": list(old_plan), "baseline": base}
+                change = {
+                    "batch": old,
+                    "plan": list(old_plan),
+                    "baseline": base,
+                    "resplit": self._resplit,
+                }
             return {
                 "controller": self.controller.state_dict(),
                 "scaler": self.scaler.state_dict(),
@@ -446,5 +510,7 @@ class ScalingDecider:
             self._change = (
                 None if change is None else (change["batch"], change["plan"], change["baseline"])
             )
+            self._resplit = change is not None and change["resplit"]
+            self._resplit_from = None
             self._trial = list(state["trial"])
             self._recent = list(state["recent"])
