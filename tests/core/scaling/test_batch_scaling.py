@@ -83,11 +83,30 @@ def test_validation_keeps_only_shown_gains():
         new = 0.05 * time_ratio * np.exp(rng.normal(0, 0.05, 30))
         return sc.validate(B0, 128, old, new)
 
-    # goodput x1.25 (the step at 128 takes 1.5x): kept; x0.9: rolled back; x1.02: too small
+    # goodput x1.25 (the step at 128 takes 1.5x): kept; x0.9: rolled back
     kept = verdict(eff / 1.25)
     assert kept.keep and kept.gain == pytest.approx(1.25, rel=0.05) and kept.lower > 1.0
     assert not verdict(eff / 0.9).keep
-    assert not verdict(eff / 1.02).keep
+
+
+def test_a_shown_gain_below_min_gain_is_kept_and_one_within_the_noise_is_not():
+    # min_gain is the proposal's hysteresis: a trial shown better than the batch before it
+    # is kept even when the gain is small, since a rollback would return to a batch shown
+    # worse; a gain the steps cannot tell from noise is still rolled back
+    rng = np.random.default_rng(1)
+    sc = BatchScaler(GlobalBatchScaling(16, 4096, min_gain=0.05), B0, N)
+    feed_noise(sc, rng)
+    eff = 128 * sc.efficiency(128) / (B0 * sc.efficiency(B0))  # at the estimated noise scale
+
+    def verdict(time_ratio, sd):
+        old = 0.05 * np.exp(rng.normal(0, sd, 60))
+        new = 0.05 * time_ratio * np.exp(rng.normal(0, sd, 30))
+        return sc.validate(B0, 128, old, new)
+
+    small = verdict(eff / 1.02, 0.002)  # x1.02, below min_gain, on quiet steps
+    assert small.keep and small.lower > 1.0 and small.gain < 1.05
+    noisy = verdict(eff / 1.02, 0.2)  # the same gain, hidden in the noise
+    assert not noisy.keep and noisy.lower < 1.0
 
 
 def test_waits_for_noise_evidence_and_round_trips():

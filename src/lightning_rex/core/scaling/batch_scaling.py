@@ -25,9 +25,11 @@ only when its posterior-mean goodput beats the current one by ``min_gain``.
 **Validation.** After a change the new batch's window is compared with the windows before it
 at the old batch: the goodput ratio is ``k t_old / t_new`` with ``k = B' E(B') / (B E(B))``,
 and the time ratio's confidence bounds come from the non-inferiority machinery (difference of
-mean log step times, Newey-West). The change is kept only when the gain is significant (the
-lower confidence bound of the goodput ratio is above 1) and at least ``min_gain``;
-otherwise it is rolled back.
+mean log step times, Newey-West). The change is kept when the gain is significant (the
+lower confidence bound of the goodput ratio is above 1); otherwise it is rolled back.
+``min_gain`` is the proposal's hysteresis, not the verdict's: a trial shown better than the
+batch before it is kept even when its measured gain is below ``min_gain``, since a rollback
+would return to a batch shown worse.
 """
 
 from __future__ import annotations
@@ -387,7 +389,7 @@ class BatchScaler:
         )
         gain, lower = k / noninf.ratio, k / noninf.upper
         frozen = self.noise.frozen or not math.isfinite(k)
-        keep = not frozen and lower > 1.0 and gain >= 1.0 + self.config.min_gain
+        keep = not frozen and lower > 1.0
         return BatchVerdict(bool(keep), float(gain), float(lower), float(k), frozen)
 
     # ------------------------------------------------------------------ state

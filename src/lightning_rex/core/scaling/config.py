@@ -24,7 +24,8 @@ class GlobalBatchScaling:
         max_global_batch: The largest global batch.
         lr_rule: How the learning rate follows ``B``: ``"linear"``, ``"sqrt"`` or
             ``"adascale"`` (AdaScale's gain, from the noise scale).
-        min_gain: The smallest goodput gain worth a change, predicted and then measured.
+        min_gain: The smallest predicted goodput gain worth a trial of a new batch (the
+            trial is then kept when its measured gain is significant, however small).
         confidence: One-sided confidence that a kept change's goodput gain is real.
         decay: Per-step decay of the noise scale's moving averages.
         min_noise_steps: Steps of noise-scale estimates after which a change may rest on
