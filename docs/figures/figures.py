@@ -19,6 +19,7 @@ Usage (from the repository root; ``nox -s figures`` runs ``run`` in its own venv
 
     python docs/figures/figures.py run                 # every job (about an hour on 2 cores)
     python docs/figures/figures.py run demo sim-presets  # some jobs
+    python docs/figures/figures.py run --workers 2 gns-long  # independent simulations, two at once
     python docs/figures/figures.py render              # re-render and splice, no commands
     python docs/figures/figures.py list                # the jobs and their commands
 """
@@ -26,6 +27,7 @@ Usage (from the repository root; ``nox -s figures`` runs ``run`` in its own venv
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import datetime
 import json
@@ -111,10 +113,29 @@ def compact(value: Any) -> Any:
     return value
 
 
-def run_job(job: jobs.Job) -> None:
-    """Run every command of ``job`` (in order, in one directory) and save the outputs."""
+def run_job(job: jobs.Job, workers: int = 1) -> None:
+    """Run every command of ``job`` and save the outputs.
+
+    Args:
+        job: The job.
+        workers: Commands run at once. With 1, in order, in one directory; with more, each
+            in a directory of its own (for jobs of independent simulations, whose figures
+            are in simulated time; a command run beside a busy loop is never run
+            concurrently).
+    """
     with tempfile.TemporaryDirectory(prefix="rex-figures-") as tmp:
-        out = {key: compact(run_command(cmd, tmp)) for key, cmd in job.commands.items()}
+        if workers <= 1 or any(cmd.load for cmd in job.commands.values()):
+            out = {key: compact(run_command(cmd, tmp)) for key, cmd in job.commands.items()}
+        else:
+            dirs = {key: Path(tmp) / f"c{i}" for i, key in enumerate(job.commands)}
+            for d in dirs.values():
+                d.mkdir()
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                futures = {
+                    key: pool.submit(run_command, cmd, str(dirs[key]))
+                    for key, cmd in job.commands.items()
+                }
+                out = {key: compact(f.result()) for key, f in futures.items()}
     saved = {
         "job": job.name,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
@@ -194,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     r = sub.add_parser("run", help="run jobs (all by default), then render")
     r.add_argument("names", nargs="*", help=f"jobs, from {', '.join(jobs.JOBS)}")
+    r.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="commands of a job run at once, each in its own directory (default 1: in order)",
+    )
     sub.add_parser("render", help="render the fragments from the saved data and splice them")
     sub.add_parser("list", help="the jobs and their commands")
     a = p.parse_args(argv)
@@ -209,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown jobs {unknown}; the jobs are {', '.join(jobs.JOBS)}")
         for name in a.names or list(jobs.JOBS):
             if jobs.JOBS[name].commands:
-                run_job(jobs.JOBS[name])
+                run_job(jobs.JOBS[name], a.workers)
     render()
     return 0
 
