@@ -118,7 +118,7 @@ def test_a_batch_the_memory_caps_cannot_hold_is_ruled_out():
     dec.set_bounds(1, [100] * N)
     ds = run(dec, rng, 14)
     assert all(sum(d.plan) <= 400 for d in ds if d.plan is not None)
-    assert dec._predict(1000) == float("inf")
+    assert dec.steps.predict(1000) == float("inf")
 
 
 def test_gradient_norms_never_wait_for_a_decision():
@@ -153,9 +153,9 @@ def test_time_outside_compute_counts_toward_goodput():
             dec.observe(Window(t, dec.plan, 30 * w, 30 * w + 30, wall))
         return dec
 
-    assert make().overhead_s == 0.0
+    assert make().steps.overhead_s == 0.0
     dec = decide(True)
-    assert dec.overhead_s == pytest.approx(0.06, rel=0.05)
+    assert dec.steps.overhead_s == pytest.approx(0.06, rel=0.05)
     assert dec.global_batch > B0
     assert decide(False).global_batch <= B0  # compute alone: a smaller batch is as fast
 
@@ -184,7 +184,7 @@ def test_a_new_batch_is_validated_on_the_wall_clock_as_its_baseline_is():
 
 
 def test_one_off_steps_are_not_the_batch_rate():
-    from lightning_rex.core.scaling.scaling_decider import _steady
+    from lightning_rex.core.scaling.step_times import steady_times as _steady
 
     t = np.r_[0.55, np.full(9, 0.05)]  # a new shape's autotuning on the first step
     assert np.array_equal(_steady(t), np.full(9, 0.05))

@@ -32,15 +32,8 @@ from the training thread, while windows may be decided in the loop's background 
 training thread only appends to a queue under its own short lock (it must never wait for a
 decision); the decision takes the queue into the noise averages first.
 
-Goodput is samples per second of *wall clock*: a step lasts its slowest rank's compute plus
-what every step spends outside it (the all-reduce, the loader, the optimizer), which does
-not grow with the batch and so favours larger ones. The window loop gives each window's
-wall-clock time (:attr:`~lightning_rex.core.window.Window.overhead_s`); the median of the
-last 16 windows' overheads is added to the measured and the predicted step times alike.
-
-Goodput is a rate: the one-off steps of a change (a new shape's autotuning, a step more
-than twice its window's median) are left out of the step times the scaler models and
-validates on (:func:`_steady`).
+The step times the scaler models and validates on (wall clock, without a change's one-off
+steps, measured and predicted) come from :mod:`~lightning_rex.core.scaling.step_times`.
 """
 
 from __future__ import annotations
@@ -55,10 +48,9 @@ import numpy as np
 from lightning_rex.core.decide.controller import Controller
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
-from lightning_rex.core.plans.proposal import best_plans_for
 from lightning_rex.core.scaling.batch_scaling import BatchScaler
 from lightning_rex.core.scaling.saved_state import check_scaling_state
-from lightning_rex.core.scaling.straggler import StragglerWait
+from lightning_rex.core.scaling.step_times import StepTimes
 from lightning_rex.core.window import Window
 
 __all__ = ["ScalingDecider"]
@@ -71,10 +63,6 @@ _LARGE_GAIN = 1.25
 """A predicted goodput gain large enough to propose on a third of a window of baseline."""
 _LOOKS = 3
 """Looks at a new batch's trial: it may be kept after each third of a window."""
-_OVERHEAD_WINDOWS = 16
-"""Windows whose per-step overhead (wall clock minus compute) is kept."""
-_ONE_OFF = 2.0
-"""A step slower than this many times its window's median is a one-off (module docstring)."""
 
 
 def _early_confidence(d: ScalingDecider) -> float:
@@ -92,20 +80,6 @@ def _split_credit(d: Decision, overhead_s: float) -> float:
     return max(1.0, (d.measured_step_s + overhead_s) / (d.predicted_step_s + overhead_s))
 
 
-def _steady(step_max: np.ndarray) -> np.ndarray:
-    """A window's step times without its one-off steps.
-
-    The first step at a new micro-batch size pays for the new shape once (cuDNN autotuning,
-    recompiles: 0.5 s against a 0.04 s step), and a step of a plan change can take a data
-    loader's refill: costs of the change, not the rate of the batch, which is what goodput
-    compares. A step more than twice the window's median is left out (all of them when
-    fewer than two would remain).
-    """
-    times = np.asarray(step_max, dtype=np.float64)
-    keep = times[times <= _ONE_OFF * float(np.median(times))]
-    return keep if keep.size >= 2 else times
-
-
 class ScalingDecider:
     """A controller and a global batch scaler behind one ``observe``.
 
@@ -115,9 +89,8 @@ class ScalingDecider:
         window_steps: Steps under a new global batch before it is validated.
 
     Attributes:
-        wait: The wait for the slowest noisy rank, estimated from the windows' per-rank
-            times and added to every prediction of a step
-            (:class:`~lightning_rex.core.scaling.straggler.StragglerWait`).
+        steps: The measured and predicted step times
+            (:class:`~lightning_rex.core.scaling.step_times.StepTimes`).
     """
 
     def __init__(self, controller: Controller, scaler: BatchScaler, window_steps: int) -> None:
@@ -134,10 +107,7 @@ class ScalingDecider:
         # the trial was re-split (once per trial), and the trial plan it left while pending
         self._resplit = False
         self._resplit_from: Plan | None = None
-        self._predicted: dict[int, float] = {}
-        self._predicted_plans: dict[tuple[int, ...], float] = {}
-        self._overheads: list[float] = []
-        self.wait = StragglerWait()
+        self.steps = StepTimes(controller)
 
     @property
     def plan(self) -> Plan:
@@ -186,25 +156,6 @@ class ScalingDecider:
             self._take_norms()
             return self._observe(window)
 
-    @property
-    def overhead_s(self) -> float:
-        """Seconds per step outside the ranks' compute: the median of the recent windows'."""
-        return float(np.median(self._overheads)) if self._overheads else 0.0
-
-    def _times(self, window: Window, first: bool = False) -> np.ndarray:
-        """The window's synchronous step times as goodput sees them (module docstring).
-
-        Args:
-            window: The window.
-            first: It is a new batch's first window: its first step (the new shapes' one-off
-                cost) is left out.
-        """
-        if window.overhead_s is not None:
-            self._overheads = [*self._overheads, window.overhead_s][-_OVERHEAD_WINDOWS:]
-        self.wait.observe(window.times)
-        step_max = window.step_max
-        return _steady(step_max[1:] if first and step_max.size >= 3 else step_max) + self.overhead_s
-
     def _observe(self, window: Window) -> Decision:
         batch = sum(window.plan)
         measured = float(window.medians.max())
@@ -221,15 +172,15 @@ class ScalingDecider:
             # re-split the controller would propose now is declined: the batch comes first)
             # and the goodput residual at the new batch
             decided = self.controller.observe(window)
-            self._forget()
+            self.steps.forget()
             if decided.kind != "hold":
                 self.controller.decline()
             # the first step at the new batch pays its new shapes once (cuDNN autotuning,
             # recompiles): a one-off, not the new batch's rate, so it is left out; the trial's
             # times carry the per-step overhead as the baseline's and the predictions do
-            times = self._times(window, first=not self._trial)
+            times = self.steps.measured(window, first=not self._trial)
             if self.controller.model.n_obs > 0:
-                self.scaler.record(batch, times, self._predict_plan(window.plan), window.plan)
+                self.scaler.record(batch, times, self.steps.predict_plan(window.plan), window.plan)
             trial_split = self._trial_resplit(window, old, measured)
             if trial_split is not None:
                 return trial_split
@@ -270,7 +221,7 @@ class ScalingDecider:
             )
         was_steady = self.controller.phase == "steady" and window.plan == self.controller.plan
         decision = self.controller.observe(window)
-        self._forget()
+        self.steps.forget()
         in_force = window.plan == self.controller.plan
         steady = self.controller.phase == "steady" and in_force
         # A re-split of the batch in force, just proposed from a steady plan or under
@@ -290,22 +241,22 @@ class ScalingDecider:
             or self.controller.model.n_obs == 0
         ):
             return decision  # (the rank model has no window yet: a partial first window)
-        times = self._times(window)
+        times = self.steps.measured(window)
         self._recent = (self._recent + times.tolist())[-_BASELINE_STEPS:]
         enough = len(self._recent) >= max(2, self.window_steps // 3)
         if enough:  # (the candidates include batch: one grid posterior and one sort for all)
-            self._predict_many(self.scaler.candidates(batch).tolist())
-        self.scaler.record(batch, times, self._predict_plan(window.plan), window.plan)
+            self.steps.predict_many(self.scaler.candidates(batch).tolist())
+        self.scaler.record(batch, times, self.steps.predict_plan(window.plan), window.plan)
         if not enough:
             return decision
-        self.scaler.refresh(self._predict_plan)  # the residual of the rank model as it is now
-        proposal = self.scaler.propose(batch, self._predict)
+        self.scaler.refresh(self.steps.predict_plan)  # the residual of the rank model as it is now
+        proposal = self.scaler.propose(batch, self.steps.predict)
         if proposal is None:
             return decision
         new, gain = proposal
         # a proposed re-split's predicted speedup is credited to the old batch (one under
         # validation is in the baseline's times already)
-        credit = _split_credit(decision, self.overhead_s) if proposed else 1.0
+        credit = _split_credit(decision, self.steps.overhead_s) if proposed else 1.0
         if (resplit or len(self._recent) < self.window_steps) and gain < _LARGE_GAIN * credit:
             return decision  # a small gain is shown on a whole window of baseline only
         try:
@@ -358,7 +309,7 @@ class ScalingDecider:
             plan, _ = self.controller.predict_step_time(batch)
         except ValueError:  # the bounds cannot hold the batch now: the verdict will tell
             return None
-        now, then = self._predict_plan(window.plan), self._predict_plan(plan)
+        now, then = self.steps.predict_plan(window.plan), self.steps.predict_plan(plan)
         if plan == window.plan or now < then * (1.0 + self.scaler.config.min_gain):
             return None
         self.controller.set_global_batch(batch, plan)
@@ -383,7 +334,7 @@ class ScalingDecider:
         """
         with self._lock:
             self.controller.set_bounds(min_size, max_sizes)
-            self._forget()
+            self.steps.forget()
 
     def set_pass_caps(self, pass_caps: Sequence[int | None] | None) -> None:
         """Each rank's pass cap measured at run time (the controller's).
@@ -394,51 +345,7 @@ class ScalingDecider:
         with self._lock:
             if pass_caps != self.controller.pass_caps:
                 self.controller.set_pass_caps(pass_caps)
-                self._forget()
-
-    def _predict(self, batch: int) -> float:
-        """The rank model's step time of the best plan for ``batch``, or inf to rule it out.
-
-        The plan's ranks' times with the wait for the slowest noisy one (:attr:`wait`), plus
-        the overhead.
-
-        Inf when the size bounds (memory caps measured at run time) cannot hold ``batch``.
-        Predictions are kept until the rank model next takes a window (:meth:`_forget`).
-        """
-        if batch not in self._predicted:
-            self._predict_many([batch])
-        return self._predicted[batch]
-
-    def _predict_plan(self, plan: Sequence[int]) -> float:
-        """The rank model's step time of ``plan``, the straggler wait and overhead included.
-
-        Kept, as :meth:`_predict`'s are, until the rank model next takes a window.
-        """
-        key = tuple(int(size) for size in plan)
-        if key not in self._predicted_plans:
-            rank_s = self.controller.model.predict(key)
-            self._predicted_plans[key] = self.wait.step_time(rank_s, self.overhead_s)
-        return self._predicted_plans[key]
-
-    def _predict_many(self, batches: Sequence[int]) -> None:
-        """Predict the step times of several batches on one posterior of the size grid."""
-        ctl = self.controller
-        want, bounds = [], []
-        for batch in dict.fromkeys(int(x) for x in batches):
-            if batch in self._predicted:
-                continue
-            try:
-                bounds.append(ctl.bounds.arrays(batch, ctl.world_size))
-            except ValueError:
-                self._predicted[batch] = math.inf
-            else:
-                want.append(batch)
-        for batch, (_, rank_s) in zip(want, best_plans_for(ctl.model, bounds, want)):
-            self._predicted[batch] = self.wait.step_time(rank_s, self.overhead_s)
-
-    def _forget(self) -> None:
-        """The rank model took a window: the predictions made before it are stale."""
-        self._predicted, self._predicted_plans = {}, {}
+                self.steps.forget()
 
     def rank_model_summary(self) -> dict[str, list[float]]:
         """The controller's per-rank fitted rates and overheads."""
@@ -504,7 +411,7 @@ class ScalingDecider:
         )
         with self._lock:
             self.controller.load_state_dict(d["controller"])
-            self._forget()
+            self.steps.forget()
             self.scaler.load_state_dict(d["scaler"])
             change = state["change"]
             self._change = (
