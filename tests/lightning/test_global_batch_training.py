@@ -54,6 +54,8 @@ def _fit(rank: int, tmp: str, ckpt: str | None, steps: int) -> dict[str, Any]:
         "lr": t.optimizers[0].param_groups[0]["lr"],
         "params": flat_params(model.net),
         "reasons": [r["reason"] for r in cb.records],
+        # how far the fit had come, as rank 0's decider was told (it prices a batch trial)
+        "progress": getattr(cb.driver.decider, "progress", None),
         # Lightning's own counts of the epoch, after the batch moved (validation at an
         # epoch's end depends on val_check_batch)
         "counts": (
@@ -82,6 +84,7 @@ def test_batch_changes_mid_epoch_use_every_sample_once_and_resume_exactly(tmp_pa
     # Lightning was told the epoch's length after the batch moved: it ends and validates the
     # epoch where the grid does
     assert r0["counts"][0] == r0["counts"][1] == r0["counts"][2]
+    assert r0["progress"] == 1.0 and r1["progress"] is None  # 120 of max_steps=120
     # the rate followed the batch in force at the end (sqrt rule, base batch 32, lr 0.05)
     b_end = [p for s, p in r0["schedule"] if s <= 120][-1]
     assert r0["lr"] == pytest.approx(0.05 * (sum(b_end) / 32) ** 0.5)

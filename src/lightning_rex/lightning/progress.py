@@ -11,11 +11,13 @@ Lightning to a range in which they exist.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning.pytorch as pl
 
 __all__ = [
+    "fraction_done",
     "is_logging_step",
     "is_step_end",
     "loader_state_to_restore",
@@ -34,6 +36,30 @@ def steps_done(trainer: pl.Trainer) -> int:
         The fit loop's count of batches that stepped.
     """
     return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
+def fraction_done(trainer: pl.Trainer) -> float | None:
+    """How much of the fit is done, for pricing a global batch trial (read at a step's end).
+
+    The larger of the steps' share of ``max_steps`` and the epochs' share of ``max_epochs``
+    (the bound that ends the fit first); an epoch's share counts its batches done of the
+    epoch's batches now (global batch scaling changes them, :func:`set_epoch_length`).
+
+    Args:
+        trainer: The Trainer.
+
+    Returns:
+        A fraction in ``[0, 1]``, or None when neither bound is finite.
+    """
+    shares = []
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        shares.append(trainer.global_step / trainer.max_steps)
+    loop = trainer.fit_loop
+    epochs, batches = loop.max_epochs, loop.max_batches
+    if epochs is not None and epochs > 0 and 0 < batches < math.inf:
+        within = min(1.0, (loop.epoch_loop.batch_idx + 1) / batches)
+        shares.append((trainer.current_epoch + within) / epochs)
+    return min(1.0, max(shares)) if shares else None
 
 
 def is_step_end(trainer: pl.Trainer) -> bool:

@@ -37,7 +37,7 @@ from lightning_rex.driver.protocols import Decider, PlanTarget, ScheduleTarget
 from lightning_rex.driver.records import DecisionLog, decision_line, window_metrics
 from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.interfaces import UnevenStrategy
-from lightning_rex.lightning.progress import is_logging_step, is_step_end, steps_done
+from lightning_rex.lightning.progress import fraction_done, is_logging_step, is_step_end, steps_done
 from lightning_rex.lightning.scaling import TrainingScaling, amp_scales, unscale_rates
 from lightning_rex.lightning.schedules import unwrap_schedulers, wrap_schedulers
 from lightning_rex.lightning.watchdog import HangWatchdog, default_store
@@ -307,6 +307,10 @@ class FitSession:
                 if math.isfinite(sample) and sample > 0:
                     self._injected_s += float(sample)
         self.driver.record(self.step, [sample], self.comparable)
+        decider = self.driver.decider
+        if isinstance(decider, ScalingDecider):  # what remains of the run prices a trial
+            with self.driver.guard("reading the fit's progress"):
+                decider.set_progress(fraction_done(self.trainer))
         if self._metrics and self.trainer.loggers and is_logging_step(self.trainer):
             # with the step's own metrics, in Lightning's record of the step (rank 0's values)
             metrics, self._metrics = self._metrics, {}

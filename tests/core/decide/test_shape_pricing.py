@@ -8,7 +8,7 @@ import pytest
 
 from lightning_rex.core.decide.controller import Controller
 from lightning_rex.core.decide.controller_state import ControllerState
-from lightning_rex.core.decide.pricing import rollback_floors
+from lightning_rex.core.decide.pricing import rollback_floors, trial_min_gain
 from lightning_rex.core.plans.proposal import recent_sizes, with_floors
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.core.window import Window
@@ -53,6 +53,22 @@ def _near_balanced(c: Controller, rng: np.random.Generator, n: int) -> list[str]
         t = base[:, None] * np.exp(rng.normal(0, 0.02, (2, 30)))
         kinds.append(c.observe(Window(t, c.plan, 30 * i, 30 * i + 30)).kind)
     return kinds
+
+
+def test_a_batch_trial_must_pay_its_shapes_twice_over_the_run_that_remains():
+    # 100 s measured, a quarter of the run: 300 s remain; two new shapes' worth (1 s) must
+    # be paid back, so the least gain is 1 / 299, below the floor
+    assert trial_min_gain(0.02, 0.5, 100.0, 0.25) == 0.02
+    # 90% done: 11.1 s remain, the least gain is 1 / 10.1, above the floor
+    assert trial_min_gain(0.02, 0.5, 100.0, 0.9) == pytest.approx(1.0 / (100.0 / 9 - 1.0))
+    # it only grows towards the end, and past the point where no gain can pay it is inf
+    gains = [trial_min_gain(0.02, 0.5, 100.0, d) for d in np.linspace(0.05, 0.99, 50)]
+    assert gains == sorted(gains)
+    assert trial_min_gain(0.02, 0.5, 100.0, 0.995) == math.inf
+    assert trial_min_gain(0.02, 0.5, 100.0, 1.0) == math.inf
+    # unknown progress, an unknown shape cost, or nothing measured yet: the floor
+    for args in [(0.5, 100.0, None), (0.0, 100.0, 0.99), (0.5, 0.0, 0.99), (0.5, 100.0, 0.0)]:
+        assert trial_min_gain(0.03, *args) == 0.03
 
 
 def test_a_small_gain_that_does_not_pay_for_its_shapes_is_held():

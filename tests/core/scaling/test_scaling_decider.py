@@ -1,9 +1,11 @@
 import json
+import math
 
 import numpy as np
 import pytest
 
 from lightning_rex.core.decide.controller import Controller
+from lightning_rex.core.saved import StateError
 from lightning_rex.core.scaling.batch_scaling import BatchScaler
 from lightning_rex.core.scaling.config import GlobalBatchScaling
 from lightning_rex.core.scaling.scaling_decider import ScalingDecider
@@ -21,9 +23,9 @@ def times(plan, rng, k=30):
     return base[:, None] * np.exp(rng.normal(0, 0.03, (len(plan), k)))
 
 
-def make(seed=0):
+def make(seed=0, **overrides):
     cfg = GlobalBatchScaling(16, 1024, min_noise_steps=50, windows_between=2)
-    c = Controller(B0, N, seed=seed, max_global_batch=1024)
+    c = Controller(B0, N, seed=seed, max_global_batch=1024, **overrides)
     return ScalingDecider(c, BatchScaler(cfg, B0, N), window_steps=30)
 
 
@@ -37,10 +39,12 @@ def feed(dec, rng, steps=100):
         dec.add_gradient_norms(float(w @ (g_r**2).sum(axis=1)), float(g @ g), sizes)
 
 
-def run(dec, rng, windows, slow_at_large=False):
+def run(dec, rng, windows, slow_at_large=False, done=None):
     step, out = 0, []
     for _ in range(windows):
         feed(dec, rng, 30)
+        if done is not None:
+            dec.set_progress(done)
         t = times(dec.plan, rng)
         if slow_at_large and sum(dec.plan) > B0:
             t = t * 1.6 * sum(dec.plan) / B0  # a larger batch is far slower than predicted
@@ -62,6 +66,37 @@ def test_moves_to_a_larger_batch_when_goodput_gains_and_keeps_it():
     # the first change is kept (a later, marginal one may be tried and rolled back)
     after = [d.kind for d in ds[ds.index(first) + 1 :] if d.kind != "hold"]
     assert after[:1] == ["accept"], after
+
+
+def test_a_batch_trial_is_priced_against_the_run_that_remains():
+    # the same run, told it has just begun or is nearly over: a new batch's shapes cost 0.5 s
+    # a step, and near the end no gain can pay them back twice, so no trial starts there
+    early, late = make(shape_change_s=0.5), make(shape_change_s=0.5)
+    ds = run(early, np.random.default_rng(0), 14, done=0.01)
+    assert any(d.kind == "propose" and "global batch" in d.reason for d in ds)
+    ds = run(late, np.random.default_rng(0), 14, done=0.99)
+    assert not any("global batch" in d.reason for d in ds), [d.reason for d in ds]
+    assert late.global_batch == B0 and late.trial_min_gain() == math.inf
+    # a run of unknown length prices nothing beyond min_gain
+    late.set_progress(None)
+    assert late.trial_min_gain() == late.scaler.config.min_gain
+    with pytest.raises(ValueError, match="fraction"):
+        late.set_progress(1.5)
+
+
+def test_the_time_measured_so_far_is_saved_and_old_states_load():
+    rng = np.random.default_rng(0)
+    dec = make()
+    run(dec, rng, 3)
+    state = json.loads(json.dumps(dec.state_dict()))
+    assert state["elapsed_s"] == pytest.approx(3 * 30 * 0.05, rel=0.5)
+    again = make()
+    again.load_state_dict(state)
+    assert again.state_dict()["elapsed_s"] == state["elapsed_s"]
+    del state["elapsed_s"]  # saved before trials were priced
+    assert ScalingDecider.check_state(state, B0, N)["elapsed_s"] == 0.0
+    with pytest.raises(StateError, match="elapsed_s"):
+        ScalingDecider.check_state({**state, "elapsed_s": -1.0}, B0, N)
 
 
 def test_a_change_whose_goodput_falls_is_rolled_back():

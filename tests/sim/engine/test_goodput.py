@@ -82,6 +82,7 @@ def test_rex_scales_the_batch_in_the_simulator_through_the_one_builder(monkeypat
     s = scenario_from_dict(workload_scenario())
     rex = run_goodput(s, "rex", 0)
     assert len(built) == 1 and isinstance(built[0], ScalingDecider)
+    assert built[0].progress == 1.0  # told how far to the target, as training tells max_steps
     assert rex.reached and rex.batch_changes >= 1 and rex.mean_batch > 32
     fixed = run_goodput(s, "fixed", 0)
     assert fixed.reached and fixed.batch_changes == 0 and fixed.mean_batch == 32

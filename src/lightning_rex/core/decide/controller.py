@@ -24,6 +24,7 @@ from lightning_rex.core.decide.changes import judge_trial, propose_change
 from lightning_rex.core.decide.controller_state import BASELINE_WINDOWS, ControllerState, Phase
 from lightning_rex.core.decide.evidence import WindowEvidence, weigh_window
 from lightning_rex.core.decide.looks import Looks
+from lightning_rex.core.decide.pricing import shape_price
 from lightning_rex.core.decide.saved_state import check_controller_state
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.model.time_model import RankTimeModel
@@ -141,6 +142,15 @@ class Controller:
     def windows_seen(self) -> int:
         """Whole windows observed."""
         return self._state.windows_seen
+
+    @property
+    def shape_cost_s(self) -> float:
+        """The seconds a step pays for new micro-batch sizes.
+
+        ``settings.shape_change_s`` when set, else the cost measured at the plan changes so
+        far (0 until measured).
+        """
+        return shape_price(self.settings, self._state)
 
     def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
         """Change the size bounds (hard); the next proposal respects them.

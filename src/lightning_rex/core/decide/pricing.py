@@ -1,9 +1,11 @@
 """What a change costs and what a rejected one taught: shape prices and rollback floors.
 
 :func:`unpaid_shapes` says why a plan's predicted gain does not pay for the new micro-batch
-shapes it brings; :func:`rollback_floors` turns a rolled-back plan's measurements into
+shapes it brings; :func:`trial_min_gain` prices a trial of a new global batch against the
+run that remains; :func:`rollback_floors` turns a rolled-back plan's measurements into
 floors the planner respects (:func:`~lightning_rex.core.plans.proposal.with_floors`).
-docs/controller.md ("The price of a new shape", "Floors from rollbacks") has the account.
+docs/controller.md ("The price of a new shape", "Floors from rollbacks") and
+docs/batch_scaling.md ("The price of a trial") have the account.
 """
 
 from __future__ import annotations
@@ -19,7 +21,17 @@ from lightning_rex.core.plans.proposal import recent_sizes
 from lightning_rex.core.settings import DecisionSettings
 from lightning_rex.core.window import Window
 
-__all__ = ["rollback_floors", "unpaid_shapes"]
+__all__ = ["rollback_floors", "shape_price", "trial_min_gain", "unpaid_shapes"]
+
+
+def shape_price(settings: DecisionSettings, state: ControllerState) -> float:
+    """The seconds a step pays for new micro-batch sizes (0 while unknown).
+
+    Args:
+        settings: The decision parameters (``shape_change_s`` when known).
+        state: The controller's state (its measured ``shape_cost_s`` otherwise).
+    """
+    return settings.shape_change_s if settings.shape_change_s is not None else state.shape_cost_s
 
 
 def unpaid_shapes(
@@ -46,7 +58,7 @@ def unpaid_shapes(
     Returns:
         The reason to hold, or "".
     """
-    cost = settings.shape_change_s if settings.shape_change_s is not None else state.shape_cost_s
+    cost = shape_price(settings, state)
     if cost <= 0:
         return ""
     recent = recent_sizes(model.sizes, settings.shape_cache)
@@ -58,6 +70,37 @@ def unpaid_shapes(
         f"its gain ({1e3 * gain_s:.2f} ms per step over {horizon} steps) does not pay twice"
         f" for {len(new)} new size(s) at {cost:.3g} s"
     )
+
+
+def trial_min_gain(
+    floor: float, shape_cost_s: float, elapsed_s: float, done: float | None
+) -> float:
+    """The smallest predicted goodput gain worth a trial of a new global batch now.
+
+    A trial brings new micro-batch shapes; a kept gain ``g`` saves ``(1 - 1/g)`` of the
+    run that remains. As for a plan (:func:`unpaid_shapes`), the saving must pay the
+    shapes' one-off cost twice (the trial's window at risk, the chance of a rollback):
+    ``g >= R / (R - 2c)``. The run that remains, ``R``, is estimated from the share of it
+    done at the pace so far, ``elapsed * (1 - done) / done``. Near the end of a run a trial
+    cannot pay (infinite); early in it, or in a long run, the floor holds.
+
+    Args:
+        floor: The configured ``min_gain``, the least gain worth a trial in any run.
+        shape_cost_s: The seconds a step pays for new sizes (0 while unknown).
+        elapsed_s: The seconds the run has measured so far.
+        done: The fraction of the run done, in ``[0, 1]``, or None when unknown (the floor
+            alone then holds).
+
+    Returns:
+        The least gain, as a fraction (``0.03`` for x1.03), or inf when no trial can pay.
+    """
+    if done is None or shape_cost_s <= 0 or not 0.0 < done <= 1.0 or elapsed_s <= 0:
+        return floor
+    remaining = elapsed_s * (1.0 - done) / done
+    cost = 2.0 * shape_cost_s
+    if remaining <= cost:
+        return math.inf
+    return max(floor, cost / (remaining - cost))
 
 
 def rollback_floors(

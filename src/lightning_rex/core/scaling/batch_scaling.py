@@ -269,12 +269,16 @@ class BatchScaler:
         mean = np.log(batch_sizes) + eff - (prior + resid_mean)
         return mean, resid_sd
 
-    def propose(self, current: int, predict: Callable[[int], float]) -> tuple[int, float] | None:
+    def propose(
+        self, current: int, predict: Callable[[int], float], min_gain: float | None = None
+    ) -> tuple[int, float] | None:
         """The next global batch, or None when none is predicted ``min_gain`` better.
 
         Args:
             current: The global batch in force.
             predict: The rank model's step time (seconds) of the best plan for a batch.
+            min_gain: The smallest predicted gain worth a trial now; None for the
+                configured ``min_gain`` (a caller that prices the trial passes more).
 
         Returns:
             ``(batch, predicted goodput ratio over current)``, or None.
@@ -321,7 +325,8 @@ class BatchScaler:
         if not (math.isfinite(mean[best]) and math.isfinite(mean[cur])):
             return None
         gain = math.exp(mean[best] - mean[cur])
-        if grid[best] == current or gain < 1.0 + self.config.min_gain:
+        least = self.config.min_gain if min_gain is None else min_gain
+        if grid[best] == current or gain < 1.0 + least:
             return None
         if grid[best] < current and self.phi != self.noise.phi:
             return None  # a signal still hidden in the noise never argues for a smaller batch

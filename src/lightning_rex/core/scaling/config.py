@@ -24,8 +24,13 @@ class GlobalBatchScaling:
         max_global_batch: The largest global batch.
         lr_rule: How the learning rate follows ``B``: ``"linear"``, ``"sqrt"`` or
             ``"adascale"`` (AdaScale's gain, from the noise scale).
-        min_gain: The smallest predicted goodput gain worth a trial of a new batch (the
-            trial is then kept when its measured gain is significant, however small).
+        min_gain: The smallest predicted goodput gain worth a trial of a new batch, early
+            in a run or in a long one (the trial is then kept when its measured gain is
+            significant, however small). Nearer the end of a run whose length is known
+            (``max_steps`` or ``max_epochs`` in training), a trial must also pay back twice
+            its new shapes' one-off cost over the run that remains, which asks more
+            (:func:`~lightning_rex.core.decide.pricing.trial_min_gain`). A trial is re-split
+            when its best plan is predicted this much faster.
         confidence: One-sided confidence that a kept change's goodput gain is real.
         decay: Per-step decay of the noise scale's moving averages.
         min_noise_steps: Steps of noise-scale estimates after which a change may rest on
@@ -49,7 +54,7 @@ class GlobalBatchScaling:
     min_global_batch: int
     max_global_batch: int
     lr_rule: LrRule = "sqrt"
-    min_gain: float = 0.03
+    min_gain: float = 0.02
     confidence: float = 0.95
     decay: float = 0.99
     min_noise_steps: int = 50

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_rex.core.decide.saved_state import check_controller_state
-from lightning_rex.core.saved import StateError, field, flag, float_list, int_list, whole
+from lightning_rex.core.saved import StateError, field, flag, float_list, int_list, real, whole
 from lightning_rex.core.scaling.batch_scaling import BatchScaler
 from lightning_rex.core.scaling.config import GlobalBatchScaling
 
@@ -77,4 +77,13 @@ def check_scaling_state(
         "change": change,
         "trial": float_list(field(d, "trial", "decider"), "decider.trial", None, True),
         "recent": float_list(field(d, "recent", "decider"), "decider.recent", None, True),
+        "elapsed_s": _elapsed(d),
     }
+
+
+def _elapsed(d: dict[str, Any]) -> float:
+    """``elapsed_s``, seconds >= 0 (0 in states saved before trials were priced)."""
+    elapsed = real(d.get("elapsed_s", 0.0), "decider.elapsed_s")
+    if elapsed < 0:
+        raise StateError("decider.elapsed_s", f"must be seconds >= 0, got {elapsed}")
+    return elapsed

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from lightning_rex.core.decide.controller import Controller
+from lightning_rex.core.decide.pricing import trial_min_gain
 from lightning_rex.core.decision import Decision
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.scaling.batch_scaling import BatchScaler
@@ -108,6 +109,8 @@ class ScalingDecider:
         self._resplit = False
         self._resplit_from: Plan | None = None
         self.steps = StepTimes(controller)
+        self._elapsed_s = 0.0
+        self._done: float | None = None
 
     @property
     def plan(self) -> Plan:
@@ -158,6 +161,9 @@ class ScalingDecider:
 
     def _observe(self, window: Window) -> Decision:
         batch = sum(window.plan)
+        self._elapsed_s += (
+            float(window.wall_s) if window.wall_s is not None else float(window.step_max.sum())
+        )
         measured = float(window.medians.max())
 
         def hold(reason: str) -> Decision:
@@ -250,7 +256,7 @@ class ScalingDecider:
         if not enough:
             return decision
         self.scaler.refresh(self.steps.predict_plan)  # the residual of the rank model as it is now
-        proposal = self.scaler.propose(batch, self.steps.predict)
+        proposal = self.scaler.propose(batch, self.steps.predict, self.trial_min_gain())
         if proposal is None:
             return decision
         new, gain = proposal
@@ -283,6 +289,18 @@ class ScalingDecider:
             f"global batch {batch} -> {new}: goodput predicted x{gain:.3f} (noise scale"
             f" {self.scaler.phi:.4g}, efficiency x{self.scaler.efficiency(new):.3f})",
             window.step_end,
+        )
+
+    def trial_min_gain(self) -> float:
+        """The smallest predicted goodput gain worth a trial of a new batch now.
+
+        ``min_gain`` early in a run or in a long one; more as the run that remains shrinks,
+        so that a trial pays back twice its new shapes' cost
+        (:func:`~lightning_rex.core.decide.pricing.trial_min_gain`, from
+        :meth:`set_progress`).
+        """
+        return trial_min_gain(
+            self.scaler.config.min_gain, self.controller.shape_cost_s, self._elapsed_s, self._done
         )
 
     def _trial_resplit(self, window: Window, old: int, measured: float) -> Decision | None:
@@ -324,6 +342,27 @@ class ScalingDecider:
             f" (step predicted x{now / then:.3f} faster)",
             window.step_end,
         )
+
+    @property
+    def progress(self) -> float | None:
+        """The fraction of the run done, as last set (:meth:`set_progress`), or None."""
+        return self._done
+
+    def set_progress(self, done: float | None) -> None:
+        """How much of the run is done, for pricing a trial against the run that remains.
+
+        Called from the training thread (a plain assignment: it never waits for a decision).
+
+        Args:
+            done: The fraction done, in ``[0, 1]`` (steps of ``max_steps``, epochs of
+                ``max_epochs``, a target's progress), or None when unknown.
+
+        Raises:
+            ValueError: For a fraction outside ``[0, 1]``.
+        """
+        if done is not None and not (math.isfinite(done) and 0.0 <= done <= 1.0):
+            raise ValueError(f"done must be a fraction in [0, 1] or None, got {done!r}")
+        self._done = None if done is None else float(done)
 
     def set_bounds(self, min_size: int, max_sizes: Sequence[int | None] | None) -> None:
         """Size bounds measured at run time (the controller's).
@@ -391,6 +430,7 @@ class ScalingDecider:
                 "change": change,
                 "trial": list(self._trial),
                 "recent": list(self._recent),
+                "elapsed_s": self._elapsed_s,
             }
 
     #: Check a saved state without loading it (every rank runs it before a resume): see
@@ -421,3 +461,4 @@ class ScalingDecider:
             self._resplit_from = None
             self._trial = list(state["trial"])
             self._recent = list(state["recent"])
+            self._elapsed_s = state["elapsed_s"]

@@ -275,6 +275,7 @@ def run_goodput(
         local, glob = norms.draw(plan, progress[0])
         pol.observe_gradients(step, local, glob, plan)
         progress[0] += workload.step_progress(global_batch, progress[0])
+        pol.observe_progress(min(1.0, progress[0] / workload.target_progress))
         return progress[0] >= workload.target_progress
 
     res = run_loop(

@@ -157,6 +157,13 @@ class PolicyBase:
             plan: The plan it ran under.
         """
 
+    def observe_progress(self, done: float) -> None:
+        """Ignore how much of the run is done (by default).
+
+        Args:
+            done: The fraction of the workload's target reached, in ``[0, 1]``.
+        """
+
     def profiling_plan(self) -> Any:
         """No profiling (by default).
 
@@ -253,6 +260,11 @@ class _Duck(PolicyBase):
         hook = self._hook("observe_gradients")
         if hook is not None:
             hook(step, weighted_local_sq, global_sq, plan)
+
+    def observe_progress(self, done: float) -> None:
+        hook = self._hook("observe_progress")
+        if hook is not None:
+            hook(done)
 
     def profiling_plan(self) -> Any:
         hook = self._hook("profiling_plan")

@@ -291,6 +291,15 @@ class RexPolicy(PolicyBase):
         if isinstance(self.controller, ScalingDecider):
             self.controller.add_gradient_norms(weighted_local_sq, global_sq, plan)
 
+    def observe_progress(self, done: float) -> None:
+        """Tell the global batch scaler how much of the run is done (when it is on).
+
+        Args:
+            done: The fraction of the workload's target reached, in ``[0, 1]``.
+        """
+        if isinstance(self.controller, ScalingDecider):
+            self.controller.set_progress(done)
+
     def decider(self) -> Decider:
         """The controller the builder made: the loop drives it as training does.
 

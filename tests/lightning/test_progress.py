@@ -1,0 +1,48 @@
+"""What REX reads of the fit loop's progress (lightning/progress.py)."""
+
+from typing import Any
+
+import pytest
+from tests.helpers.models import RegModel, make_dataset
+from tests.helpers.trainer import quiet_trainer
+from torch.utils.data import DataLoader
+
+import lightning as L
+from lightning_rex.lightning.progress import fraction_done
+
+
+class _Shares(L.Callback):
+    def __init__(self, stop_after: int | None) -> None:
+        self.shares: list[float | None] = []
+        self.stop_after = stop_after
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.shares.append(fraction_done(trainer))
+        if len(self.shares) == self.stop_after:
+            trainer.should_stop = True
+
+
+def _fit(stop_after: int | None = None, **kwargs: Any) -> list[float | None]:
+    shares = _Shares(stop_after)
+    trainer = quiet_trainer(devices=1, callbacks=[shares], **kwargs)
+    trainer.fit(RegModel(), DataLoader(make_dataset(32), batch_size=8))  # 4 batches an epoch
+    return shares.shares
+
+
+@pytest.mark.parametrize(
+    ("bounds", "expected"),
+    [
+        # epochs alone: a batch of the 8 is an eighth of the fit
+        (dict(max_epochs=2), [k / 8 for k in range(1, 9)]),
+        # steps end the fit first: their share is the larger
+        (dict(max_epochs=10, max_steps=5), [k / 5 for k in range(1, 6)]),
+        # epochs end it first: theirs is
+        (dict(max_epochs=1, max_steps=100), [k / 4 for k in range(1, 5)]),
+    ],
+)
+def test_the_fit_is_as_far_as_the_bound_that_ends_it_first(bounds, expected):
+    assert _fit(**bounds) == pytest.approx(expected)
+
+
+def test_a_fit_without_finite_bounds_has_no_share_done():
+    assert _fit(stop_after=6, max_epochs=-1, max_steps=-1) == [None] * 6
