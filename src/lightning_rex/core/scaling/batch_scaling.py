@@ -283,6 +283,22 @@ class BatchScaler:
         Returns:
             ``(batch, predicted goodput ratio over current)``, or None.
         """
+        best = self.best(current, predict)
+        least = self.config.min_gain if min_gain is None else min_gain
+        return None if best is None or best[1] < 1.0 + least else best
+
+    def best(self, current: int, predict: Callable[[int], float]) -> tuple[int, float] | None:
+        """The batch the acquisition picks and its predicted gain, whatever the gain.
+
+        Args:
+            current: The global batch in force.
+            predict: The rank model's step time (seconds) of the best plan for a batch.
+
+        Returns:
+            ``(batch, predicted goodput ratio over current)``, or None while the scaler is
+            not :attr:`ready`, when the pick is ``current``, or when it is a smaller batch
+            argued for by a signal still hidden in the noise.
+        """
         import torch
 
         if not self.ready:
@@ -325,8 +341,7 @@ class BatchScaler:
         if not (math.isfinite(mean[best]) and math.isfinite(mean[cur])):
             return None
         gain = math.exp(mean[best] - mean[cur])
-        least = self.config.min_gain if min_gain is None else min_gain
-        if grid[best] == current or gain < 1.0 + least:
+        if grid[best] == current:
             return None
         if grid[best] < current and self.phi != self.noise.phi:
             return None  # a signal still hidden in the noise never argues for a smaller batch

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -256,10 +257,20 @@ class ScalingDecider:
         if not enough:
             return decision
         self.scaler.refresh(self.steps.predict_plan)  # the residual of the rank model as it is now
-        proposal = self.scaler.propose(batch, self.steps.predict, self.trial_min_gain())
-        if proposal is None:
+        proposal = self.scaler.best(batch, self.steps.predict)
+        if proposal is None or proposal[1] < 1.0 + self.scaler.config.min_gain:
             return decision
         new, gain = proposal
+        least = self.trial_min_gain()
+        if gain < 1.0 + least:  # worth a trial in a longer run, not in what remains of this
+            if decision.kind != "hold":
+                return decision
+            needs = "no gain can pay" if math.isinf(least) else f"x{1.0 + least:.3f} needed"
+            return replace(
+                decision,
+                reason=f"{decision.reason}; global batch {batch} -> {new}: goodput predicted"
+                f" x{gain:.3f}, not worth a trial in the run that remains ({needs})",
+            )
         # a proposed re-split's predicted speedup is credited to the old batch (one under
         # validation is in the baseline's times already)
         credit = _split_credit(decision, self.steps.overhead_s) if proposed else 1.0
