@@ -35,8 +35,12 @@ def _times(rank: int, step: int, b: int) -> float:
     return 0.05 + b / (4000.0 if rank == 0 else 2000.0)
 
 
-def _fit(rank: int, tmp: str, ckpt: str | None, steps: int) -> dict[str, Any]:
-    cfg = GlobalBatchScaling(16, 256, min_noise_steps=20, windows_between=1, lr_rule="sqrt")
+def _fit(
+    rank: int, tmp: str, ckpt: str | None, steps: int, min_gain: float = 0.03
+) -> dict[str, Any]:
+    cfg = GlobalBatchScaling(
+        16, 256, min_noise_steps=20, windows_between=1, lr_rule="sqrt", min_gain=min_gain
+    )
     cb = with_step_times(_times, window=15, background=False, global_batch=cfg)
     ck = ModelCheckpoint(dirpath=f"{tmp}/ckpt", every_n_train_steps=40, save_top_k=-1)
     model = RegModel(opt="sgd")
@@ -66,8 +70,20 @@ def _fit(rank: int, tmp: str, ckpt: str | None, steps: int) -> dict[str, Any]:
     }
 
 
-def test_batch_changes_mid_epoch_use_every_sample_once_and_resume_exactly(tmp_path: Path) -> None:
-    full = run_distributed(_fit, str(tmp_path / "full"), None, 120)
+@pytest.mark.parametrize(
+    "min_gain",
+    [
+        0.03,
+        # at 2% the batch falls to 16 in a trial that spans the checkpoint at step 40, and
+        # the resumed run labels step 80 with epoch 2 where the run it resumes had epoch 1
+        # (the schedules agree): a known defect of the epoch count on resume, open
+        pytest.param(0.02, marks=pytest.mark.xfail(strict=True, reason="epoch count on resume")),
+    ],
+)
+def test_batch_changes_mid_epoch_use_every_sample_once_and_resume_exactly(
+    tmp_path: Path, min_gain: float
+) -> None:
+    full = run_distributed(_fit, str(tmp_path / "full"), None, 120, min_gain)
     r0, r1 = full
     assert r0["schedule"] == r1["schedule"]
     sums = [sum(p) for _, p in r0["schedule"]]
@@ -92,7 +108,7 @@ def test_batch_changes_mid_epoch_use_every_sample_once_and_resume_exactly(tmp_pa
     path = tmp_path / "full" / "ckpt" / "epoch=0-step=40.ckpt"
     if not path.exists():
         path = next((tmp_path / "full" / "ckpt").glob("*step=40.ckpt"))
-    resumed = run_distributed(_fit, str(tmp_path / "resumed"), str(path), 120)
+    resumed = run_distributed(_fit, str(tmp_path / "resumed"), str(path), 120, min_gain)
     for r in range(2):
         assert resumed[r]["seen"] == [s for s in full[r]["seen"] if s[1] >= 40]
         assert resumed[r]["schedule"] == full[r]["schedule"]
