@@ -358,3 +358,69 @@ def test_a_smaller_batch_from_the_next_epoch_does_not_recut_a_finished_one() -> 
         s.set_epoch(1)
     assert len(samplers[0]) == 5  # the next epoch: 20 samples in batches of 4
     assert [len(list(iter(s))) for s in samplers] == [5, 5]
+
+
+def _restored_at_epoch_end(step_source: bool) -> list[UnevenBatchSampler]:
+    # 20 samples: steps 0-1 at B=8, then B=4 from step 2, so epoch 0 ends after step 2; a
+    # checkpoint there restores epoch 0 as finished, and epoch 1 (step 3 on) has 5 batches
+    samplers = _ranks(20, 4, 2, 1, False, 0, batch_range=(2, 16))
+    for s in samplers:
+        s.set_epoch(0)
+        s.schedule_plan((2, 2), 2)
+    assert [len(list(iter(s))) for s in samplers] == [3, 3]
+    states = [s.state_dict(consumed=3) for s in samplers]
+    resumed = _ranks(20, 4, 2, 1, False, 0, batch_range=(2, 16))
+    for s, state in zip(resumed, states):
+        if step_source:
+            s.step_source = lambda: 3  # the steps the fit has done
+        s.load_state_dict(state)
+    return resumed
+
+
+def _whole_epoch(batches: list[list[list[int]]]) -> None:
+    assert [len(b) for b in batches] == [5, 5]
+    assert sorted(i for b in batches for batch in b for i in batch) == list(range(20))
+
+
+@pytest.mark.parametrize("step_source", [False, True])
+def test_the_epoch_after_a_finished_restored_one_is_sized_from_its_own_start(
+    step_source: bool,
+) -> None:
+    # sized from epoch 0's start (8, 8, 4) epoch 1 would be cut at 3 batches
+    resumed = _restored_at_epoch_end(step_source)
+    told: list[int] = []
+    for s in resumed:
+        s.on_epoch_set(told.append)
+        assert len(s) == 3  # the restored epoch, as Lightning counted it
+        s.set_epoch(1)
+        assert len(s) == 5
+    # Lightning, resuming, checks the restored epoch against its count after moving the
+    # sampler on: the move is not told, the length is due (once) instead
+    assert told == []
+    assert [s.take_length_due() for s in resumed] == [True, True]
+    assert [s.take_length_due() for s in resumed] == [False, False]
+    _whole_epoch([list(iter(s)) for s in resumed])
+
+
+def test_a_loader_begun_before_the_move_past_a_finished_epoch_serves_the_next() -> None:
+    # a DataLoader with workers iterates (fetches ahead) when Lightning creates its iterator,
+    # before Lightning moves the sampler from the restored, finished epoch 0 to epoch 1
+    resumed = _restored_at_epoch_end(step_source=False)
+    told: list[int] = []
+    for s in resumed:
+        s.on_epoch_set(told.append)
+    iters = [iter(s) for s in resumed]
+    firsts = [next(it) for it in iters]
+    assert [s.epoch for s in resumed] == [1, 1]
+    for s in resumed:
+        s.set_epoch(1)  # Lightning's move comes later
+    assert told == [] and [s.take_length_due() for s in resumed] == [True, True]
+    assert [len(s) for s in resumed] == [5, 5]
+    _whole_epoch([[first, *it] for first, it in zip(firsts, iters)])
+    # without a listener (a custom loop that moves the epoch itself), the restored epoch
+    # iterates as over
+    alone = _restored_at_epoch_end(step_source=False)
+    assert [list(iter(s)) for s in alone] == [[], []]
+    for s in alone:
+        s.set_epoch(1)
+    _whole_epoch([list(iter(s)) for s in alone])

@@ -74,10 +74,10 @@ def _fit(
     "min_gain",
     [
         0.03,
-        # at 2% the batch falls to 16 in a trial that spans the checkpoint at step 40, and
-        # the resumed run labels step 80 with epoch 2 where the run it resumes had epoch 1
-        # (the schedules agree): a known defect of the epoch count on resume, open
-        pytest.param(0.02, marks=pytest.mark.xfail(strict=True, reason="epoch count on resume")),
+        # at 2% the batch falls to 16 in a trial that spans the checkpoint at step 40, the
+        # end of epoch 0: the resumed epoch 1 must be sized from its own first step (at
+        # B=16), not from epoch 0's (it was cut at 40 batches, losing samples)
+        0.02,
     ],
 )
 def test_batch_changes_mid_epoch_use_every_sample_once_and_resume_exactly(

@@ -1,4 +1,4 @@
-"""RexStrategy on 2 real gloo ranks: AMP, logging, workers and mid-epoch resume."""
+"""RexStrategy on 2 real gloo ranks: AMP, logging, workers and resume mid-epoch and at its end."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from lightning_rex import RexStrategy
 pytestmark = pytest.mark.distributed
 
 N = 64 * 5 + 20
+RESUMES = ("epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt", "epoch=1-step=8.ckpt")
 
 
 class _Recorder(L.Callback):
@@ -84,7 +85,7 @@ def _features(rank: int, tmp: str) -> dict[str, Any]:
 
     # uninterrupted run with workers, plan changes and step checkpoints
     plans = {2: [40, 24], 9: [16, 48]}
-    ckpt = ModelCheckpoint(dirpath=tmp, every_n_train_steps=4, save_top_k=-1)
+    ckpt = ModelCheckpoint(dirpath=tmp, every_n_train_steps=2, save_top_k=-1)
     change = _ChangePlanAt(plans)
     model = RegModel(opt="adam")
     t = _trainer(
@@ -116,8 +117,9 @@ def _features(rank: int, tmp: str) -> dict[str, Any]:
         "windows": [r["window"] for r in cb.records],
     }
 
-    # resumed runs, from mid-epoch 0 (step 4) and mid-epoch 1 (step 8)
-    for name in ("epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"):
+    # resumed runs, from mid-epoch 0 (step 4), the end of epoch 0 (step 6: the workers
+    # fetch ahead before Lightning moves the sampler to epoch 1) and mid-epoch 1 (step 8)
+    for name in RESUMES:
         change = _ChangePlanAt(plans)
         model = RegModel(opt="adam")
         t = _trainer(
@@ -179,8 +181,8 @@ def test_step_and_epoch_logs_are_global_batch_means(results: list[dict[str, Any]
     assert max(abs(n - e) for n, e in zip(naive, expect_steps)) > 1e-3
 
 
-@pytest.mark.parametrize("name", ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"])
-def test_resume_mid_epoch_continues_with_the_same_batches(
+@pytest.mark.parametrize("name", RESUMES)
+def test_resume_mid_epoch_or_at_its_end_continues_with_the_same_batches(
     results: list[dict[str, Any]], name: str
 ) -> None:
     resume_step = int(name.split("step=")[1].split(".")[0])

@@ -35,12 +35,13 @@ class EpochPermutation(DistributedSampler):
 
     on_set_epoch: Callable[[int], None] | None = None
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, notify: bool = True) -> None:
         """Draw ``epoch``'s permutation, then tell the listener.
 
         Args:
             epoch: The epoch.
+            notify: Whether to tell the listener.
         """
         super().set_epoch(epoch)
-        if self.on_set_epoch is not None:
+        if notify and self.on_set_epoch is not None:
             self.on_set_epoch(epoch)

@@ -140,6 +140,11 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self._origin_sample = 0
         # the epoch whose iteration has begun (its grid is the one in use)
         self._iter_epoch: int | None = None
+        # who hears of a move to another epoch (on_epoch_set); after an epoch restored as
+        # finished, the epoch Lightning moves to next, and whether its length is still due
+        self._listener: Callable[[int], None] | None = None
+        self._await_move: int | None = None
+        self._length_due = False
         #: Whether a restored checkpoint's schedule continues (True), or its position was
         #: re-cut at this run's global batch (False); None when nothing was restored.
         self.continues: bool | None = None
@@ -167,16 +172,45 @@ class UnevenBatchSampler(Sampler[list[int]]):
         here to tell it every epoch's own count (an epoch resumed on another world size,
         or under another global batch, has another length than the epochs after it).
 
+        A listener means Lightning's fit loop drives this sampler. After a checkpoint
+        restored an epoch as finished, Lightning's move to the next epoch is not told:
+        Lightning, resuming, compares the restored epoch's batches with its count of the
+        epoch *after* moving the sampler on (it starts the new epoch afresh only if they
+        match). :meth:`take_length_due` says when the count is due instead (the strategy
+        asks at the epoch's first batch).
+
         Args:
             listener: The function, or None to stop listening.
         """
-        self.sampler.on_set_epoch = listener
+        self._listener = listener
+        self.sampler.on_set_epoch = None if listener is None else self._epoch_moved
+
+    def _epoch_moved(self, epoch: int) -> None:
+        if self._await_move is not None and epoch == self._await_move:
+            self._await_move, self._length_due = None, True
+        elif self._listener is not None:
+            self._listener(epoch)
+
+    def take_length_due(self) -> bool:
+        """Whether the epoch's length is still to be told (once: the answer clears it).
+
+        True after Lightning moved the sampler past an epoch a checkpoint restored as
+        finished (see :meth:`on_epoch_set`).
+
+        Returns:
+            True once, when the listener should be told of the epoch now.
+        """
+        due, self._length_due = self._length_due, False
+        return due
 
     def _grid(self) -> Grid:
         start, origin = self._epoch_start_step, (self._origin_batch, self._origin_sample)
-        if self._resume_at is None and self._finished is None and self._iter_epoch != self.epoch:
+        finished_here = self._finished is not None and self._finished[0] == self.epoch
+        if self._resume_at is None and not finished_here and self._iter_epoch != self.epoch:
             # set_epoch moved on and the epoch has not started: its grid starts afresh at the
-            # step it will start at (a global batch scheduled there changes its length)
+            # step it will start at (a global batch scheduled there changes its length). That
+            # holds after an epoch restored as finished too: the next one starts after it,
+            # not at the restored epoch's first step
             start = (
                 self.step_source() if self.step_source is not None else self._next_epoch_start_step
             )
@@ -310,10 +344,20 @@ class UnevenBatchSampler(Sampler[list[int]]):
         if self._finished is not None:
             epoch, done = self._finished
             self._finished = None
-            if epoch == self.epoch:  # the restored epoch was over: nothing left of it
+            if epoch == self.epoch and self._listener is None:
+                # the restored epoch was over: nothing left of it
                 self._fetched = done
                 return
-        perm = list(iter(self.sampler))
+            if epoch == self.epoch:
+                # Lightning iterates a loader resumed at an epoch's end once, for the epoch
+                # after; a DataLoader with workers begins (fetches ahead) before Lightning
+                # moves the sampler there. Move now, quietly: Lightning's move comes later
+                self.sampler.set_epoch(epoch + 1, notify=False)
+                self._iter_epoch = self.epoch
+                self._origin_batch = self._origin_sample = 0
+                self._epoch_start_step = self._next_epoch_start_step
+                yield from self._batches(0)
+                return
         self._iter_epoch = self.epoch
         if self._resume_at is not None:
             start, self._resume_at = self._resume_at, None
@@ -324,6 +368,10 @@ class UnevenBatchSampler(Sampler[list[int]]):
             self._epoch_start_step = (
                 self.step_source() if self.step_source is not None else self._next_epoch_start_step
             )
+        yield from self._batches(start)
+
+    def _batches(self, start: int) -> Iterator[list[int]]:
+        perm = list(iter(self.sampler))
         self._fetched = start
         batch_index = start
         # the length is read again at every batch: a change of the global batch scheduled
@@ -425,6 +473,8 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self._fetched = consumed
         self._resume_at = None if checked["finished"] else consumed
         self._finished = (checked["epoch"], consumed) if checked["finished"] else None
+        self._await_move = checked["epoch"] + 1 if checked["finished"] else None
+        self._length_due = False
         if checked["finished"]:
             self._origin_batch = self._origin_sample = 0
             self._next_epoch_start_step = self._epoch_start_step + math.ceil(

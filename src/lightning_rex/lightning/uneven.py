@@ -268,6 +268,22 @@ class UnevenPlans(PassCaps, Weighted):
         if trainer is not None and self._loader is not None:
             set_epoch_length(trainer, len(self._loader))
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Tell Lightning the epoch's length at its first batch, where the sampler held it.
+
+        After a resume from a checkpoint made at an epoch's end, Lightning decides whether
+        the restored epoch is over by its count of the epoch it has already moved the sampler
+        past; the new epoch's count waits until here (see
+        :meth:`~lightning_rex.data.sampler.UnevenBatchSampler.on_epoch_set`).
+
+        Args:
+            batch: The batch.
+            batch_idx: Its index in the epoch.
+        """
+        if self._loader is not None and self._loader.batch_sampler.take_length_due():
+            self.resize_epoch()
+        super().on_train_batch_start(batch, batch_idx)  # type: ignore[misc]
+
     @property
     def train_loader(self) -> RexDataLoader | None:
         """The processed train loader, or None before it is set up."""
