@@ -97,10 +97,21 @@ def test_the_time_measured_so_far_is_saved_and_old_states_load():
     again = make()
     again.load_state_dict(state)
     assert again.state_dict()["elapsed_s"] == state["elapsed_s"]
-    del state["elapsed_s"]  # saved before trials were priced
-    assert ScalingDecider.check_state(state, B0, N)["elapsed_s"] == 0.0
+    # the step times' overheads and straggler wait too: a resumed run predicts as before
+    plan = (8, 8, 24, 24)
+    assert again.steps.predict_plan(plan) == dec.steps.predict_plan(plan)
+    fresh = make()  # the same rank model without the step times
+    fresh.load_state_dict({k: v for k, v in state.items() if k != "steps"})
+    assert again.steps.predict_plan(plan) > fresh.steps.predict_plan(plan)  # the wait
+    for key in ("elapsed_s", "steps"):  # saved before trials were priced, or the times kept
+        old = {k: v for k, v in state.items() if k != key}
+        make().load_state_dict(old)
+    assert ScalingDecider.check_state({**state, "elapsed_s": 0.0}, B0, N)["elapsed_s"] == 0.0
     with pytest.raises(StateError, match="elapsed_s"):
         ScalingDecider.check_state({**state, "elapsed_s": -1.0}, B0, N)
+    bad = {**state["steps"], "wait": [[0.1, 0.1]]}  # two ranks' scales in a world of four
+    with pytest.raises(StateError, match=r"decider\.steps\.wait"):
+        ScalingDecider.check_state({**state, "steps": bad}, B0, N)
 
 
 def test_a_change_whose_goodput_falls_is_rolled_back():

@@ -14,6 +14,7 @@ from lightning_rex.core.decide.saved_state import check_controller_state
 from lightning_rex.core.saved import StateError, field, flag, float_list, int_list, real, whole
 from lightning_rex.core.scaling.batch_scaling import BatchScaler
 from lightning_rex.core.scaling.config import GlobalBatchScaling
+from lightning_rex.core.scaling.step_times import StepTimes
 
 __all__ = ["check_scaling_state"]
 
@@ -78,6 +79,10 @@ def check_scaling_state(
         "trial": float_list(field(d, "trial", "decider"), "decider.trial", None, True),
         "recent": float_list(field(d, "recent", "decider"), "decider.recent", None, True),
         "elapsed_s": _elapsed(d),
+        # (absent from states saved before the step times were: they start afresh)
+        "steps": StepTimes.check_state(
+            d.get("steps", {"overheads": [], "wait": []}), world_size, "decider.steps"
+        ),
     }
 
 

@@ -442,6 +442,7 @@ class ScalingDecider:
                 "trial": list(self._trial),
                 "recent": list(self._recent),
                 "elapsed_s": self._elapsed_s,
+                "steps": self.steps.state_dict(),
             }
 
     #: Check a saved state without loading it (every rank runs it before a resume): see
@@ -473,3 +474,4 @@ class ScalingDecider:
             self._trial = list(state["trial"])
             self._recent = list(state["recent"])
             self._elapsed_s = state["elapsed_s"]
+            self.steps.load_state_dict(state["steps"])

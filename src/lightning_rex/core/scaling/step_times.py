@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from lightning_rex.core.decide.controller import Controller
 from lightning_rex.core.plans.proposal import best_plans_for
+from lightning_rex.core.saved import StateError, float_list, matrix
+from lightning_rex.core.saved import field as state_field
 from lightning_rex.core.scaling.straggler import StragglerWait
 from lightning_rex.core.window import Window
 
@@ -134,6 +137,47 @@ class StepTimes:
                 want.append(batch)
         for batch, (_, rank_s) in zip(want, best_plans_for(ctl.model, bounds, want)):
             self._predicted[batch] = self.wait.step_time(rank_s, self.overhead_s)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: the recent windows' overheads and the straggler wait's scales."""
+        return {"overheads": list(self._overheads), "wait": self.wait.state_dict()}
+
+    @staticmethod
+    def check_state(d: Any, world_size: int, name: str = "steps") -> dict[str, Any]:
+        """Check a saved state without loading it.
+
+        Args:
+            d: A dictionary from :meth:`state_dict`.
+            world_size: The number of ranks (the length of each noise-scale row).
+            name: Its dotted name, for errors.
+
+        Returns:
+            The state, normalised.
+
+        Raises:
+            StateError: Naming the field: overheads that are not finite seconds >= 0, or
+                noise scales that are not a finite number >= 0 per rank.
+        """
+        overheads = float_list(state_field(d, "overheads", name), f"{name}.overheads")
+        if any(o < 0 for o in overheads):
+            raise StateError(f"{name}.overheads", "must be seconds >= 0")
+        wait = matrix(state_field(d, "wait", name), f"{name}.wait", None, world_size)
+        if any(x < 0 for row in wait for x in row):
+            raise StateError(f"{name}.wait", "must be noise scales >= 0")
+        return {
+            "overheads": overheads[-_OVERHEAD_WINDOWS:],
+            "wait": wait,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output, checked by :meth:`check_state`.
+
+        Args:
+            d: The checked state.
+        """
+        self._overheads = list(d["overheads"])
+        self.wait.load_state_dict(d["wait"])
+        self.forget()
 
     def forget(self) -> None:
         """The rank model took a window (or its bounds changed): the predictions are stale."""

@@ -83,6 +83,18 @@ class StragglerWait:
             self._scales = []
         self._scales = [*self._scales, rank_log_scale(values)][-self.windows :]
 
+    def state_dict(self) -> list[list[float]]:
+        """JSON-able state: the recent windows' per-rank noise scales."""
+        return [scale.tolist() for scale in self._scales]
+
+    def load_state_dict(self, scales: list[list[float]]) -> None:
+        """Restore :meth:`state_dict` output (checked by the caller).
+
+        Args:
+            scales: Per window, each rank's log noise scale; the last ``windows`` are kept.
+        """
+        self._scales = [np.asarray(row, dtype=np.float64) for row in scales][-self.windows :]
+
     @property
     def scales(self) -> np.ndarray | None:
         """Each rank's log noise scale (the median of the recent windows'), or None yet."""
