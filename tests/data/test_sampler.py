@@ -424,3 +424,22 @@ def test_a_loader_begun_before_the_move_past_a_finished_epoch_serves_the_next() 
     for s in alone:
         s.set_epoch(1)
     _whole_epoch([list(iter(s)) for s in alone])
+
+
+def test_a_state_restored_as_over_moves_on_whatever_its_batches_left() -> None:
+    # Lightning ended epoch 0 after 2 of its 3 batches (limit_train_batches) and saved at its
+    # end: the resumed run starts epoch 1 whole, under the saved schedule
+    samplers = _ranks(20, 4, 2, 1, False, 0, batch_range=(2, 16))
+    for s in samplers:
+        s.set_epoch(0)
+        s.schedule_plan((2, 2), 2)
+    states = [s.state_dict(consumed=2) for s in samplers]
+    resumed = _ranks(20, 4, 2, 1, False, 0, batch_range=(2, 16))
+    for s, state in zip(resumed, states):
+        s.load_state_dict(state, over=True)
+        assert s.awaiting_move and len(s) == 2 and s.schedule == samplers[0].schedule
+        s.on_epoch_set(lambda epoch: None)
+        s.set_epoch(1)
+        assert not s.awaiting_move and s.take_length_due()
+    # epoch 1 starts at step 2, at B=4: 5 batches
+    _whole_epoch([list(iter(s)) for s in resumed])

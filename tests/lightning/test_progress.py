@@ -1,5 +1,6 @@
 """What REX reads of the fit loop's progress (lightning/progress.py)."""
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -8,7 +9,7 @@ from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader
 
 import lightning as L
-from lightning_rex.lightning.progress import fraction_done
+from lightning_rex.lightning.progress import fraction_done, loader_state_to_restore
 
 
 class _Shares(L.Callback):
@@ -46,3 +47,24 @@ def test_the_fit_is_as_far_as_the_bound_that_ends_it_first(bounds, expected):
 
 def test_a_fit_without_finite_bounds_has_no_share_done():
     assert _fit(stop_after=6, max_epochs=-1, max_steps=-1) == [None] * 6
+
+
+def test_the_loader_state_is_restored_when_lightning_would_not_and_only_once() -> None:
+    state = {"rex_sampler": {"epoch": 0}}
+
+    def trainer(restarting: bool, states: list[Any]) -> Any:
+        loop = SimpleNamespace(restarting=restarting, _combined_loader_states_to_load=states)
+        return SimpleNamespace(fit_loop=loop)
+
+    # mid-epoch: Lightning restores it too (after sizing the epoch), so it is left there
+    t = trainer(True, [state])
+    assert loader_state_to_restore(t) == (state, False)
+    assert t.fit_loop._combined_loader_states_to_load == [state]
+    # after a checkpoint at an epoch's end Lightning is not restarting and restores nothing;
+    # the plan schedule is in the state: restored as over, and taken, so a loader rebuilt
+    # later in the fit does not restore it again
+    t = trainer(False, [state])
+    assert loader_state_to_restore(t) == (state, True)
+    assert loader_state_to_restore(t) is None
+    assert loader_state_to_restore(trainer(False, [])) is None
+    assert loader_state_to_restore(trainer(True, [{"other": 1}])) is None

@@ -26,7 +26,14 @@ from lightning_rex import RexStrategy
 pytestmark = pytest.mark.distributed
 
 N = 64 * 5 + 20
-RESUMES = ("epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt", "epoch=1-step=8.ckpt")
+# mid-epoch 0, its last batch, its end (ModelCheckpoint's default: Lightning does not restore
+# the loader, the strategy restores the plan schedule), mid-epoch 1
+RESUMES = (
+    "epoch=0-step=4.ckpt",
+    "epoch=0-step=6.ckpt",
+    "epochs/epoch=0-step=6.ckpt",
+    "epoch=1-step=8.ckpt",
+)
 
 
 class _Recorder(L.Callback):
@@ -86,12 +93,13 @@ def _features(rank: int, tmp: str) -> dict[str, Any]:
     # uninterrupted run with workers, plan changes and step checkpoints
     plans = {2: [40, 24], 9: [16, 48]}
     ckpt = ModelCheckpoint(dirpath=tmp, every_n_train_steps=2, save_top_k=-1)
+    epochs = ModelCheckpoint(dirpath=f"{tmp}/epochs", every_n_epochs=1, save_top_k=-1)
     change = _ChangePlanAt(plans)
     model = RegModel(opt="adam")
     t = _trainer(
         strategy=RexStrategy(micro_batch_sizes=[48, 16]),
         max_epochs=2,
-        callbacks=[ckpt, change],
+        callbacks=[ckpt, epochs, change],
         enable_checkpointing=True,
     )
     loader = DataLoader(ds, batch_size=32, shuffle=True, num_workers=2, persistent_workers=True)
@@ -117,8 +125,8 @@ def _features(rank: int, tmp: str) -> dict[str, Any]:
         "windows": [r["window"] for r in cb.records],
     }
 
-    # resumed runs, from mid-epoch 0 (step 4), the end of epoch 0 (step 6: the workers
-    # fetch ahead before Lightning moves the sampler to epoch 1) and mid-epoch 1 (step 8)
+    # resumed runs (RESUMES); at the end of epoch 0 (step 6) the workers fetch ahead before
+    # Lightning moves the sampler to epoch 1
     for name in RESUMES:
         change = _ChangePlanAt(plans)
         model = RegModel(opt="adam")

@@ -62,13 +62,15 @@ class RexDataLoader(DataLoader):
         """
         return {"rex_sampler": self.batch_sampler.state_dict(consumed=self._consumed)}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], over: bool = False) -> None:
         """Restore the position saved by :meth:`state_dict`.
 
         Args:
             state_dict: The dictionary from :meth:`state_dict`.
+            over: Whether the saved epoch is over, whatever its batches left (see
+                :meth:`UnevenBatchSampler.load_state_dict`).
         """
-        self.batch_sampler.load_state_dict(state_dict["rex_sampler"])
+        self.batch_sampler.load_state_dict(state_dict["rex_sampler"], over=over)
         self._consumed = int(state_dict["rex_sampler"]["consumed"])
 
 

@@ -191,6 +191,15 @@ class UnevenBatchSampler(Sampler[list[int]]):
         elif self._listener is not None:
             self._listener(epoch)
 
+    @property
+    def awaiting_move(self) -> bool:
+        """Whether Lightning has still to move the sampler past an epoch restored as over.
+
+        Until then Lightning counts that epoch's batches, while the sampler may already
+        serve the next (a DataLoader with workers begins early, see :meth:`__iter__`).
+        """
+        return self._await_move is not None
+
     def take_length_due(self) -> bool:
         """Whether the epoch's length is still to be told (once: the answer clears it).
 
@@ -442,7 +451,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
             name=name,
         )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], over: bool = False) -> None:
         """Restore a position so that the next iteration continues where the run stopped.
 
         A checkpoint whose schedule this run cannot continue (made with another world size,
@@ -454,12 +463,16 @@ class UnevenBatchSampler(Sampler[list[int]]):
 
         Args:
             state: A dictionary from :meth:`state_dict`.
+            over: Whether the saved epoch is over whatever its batches left: Lightning
+                resumes after a checkpoint taken at an epoch's end (under
+                ``limit_train_batches`` one may end early) in the next epoch.
 
         Raises:
             StateError: Naming the field, when the state breaks an invariant (see
                 :meth:`check_state`); nothing is changed then.
         """
         checked = self.check_state(state)
+        finished = checked["finished"] or over
         self.set_epoch(checked["epoch"])
         self.continues, self.recut_reason = checked["continues"], checked["reason"]
         if checked["continues"]:
@@ -471,11 +484,11 @@ class UnevenBatchSampler(Sampler[list[int]]):
         else:
             self._origin_batch, self._origin_sample = consumed, checked["consumed_samples"]
         self._fetched = consumed
-        self._resume_at = None if checked["finished"] else consumed
-        self._finished = (checked["epoch"], consumed) if checked["finished"] else None
-        self._await_move = checked["epoch"] + 1 if checked["finished"] else None
+        self._resume_at = None if finished else consumed
+        self._finished = (checked["epoch"], consumed) if finished else None
+        self._await_move = checked["epoch"] + 1 if finished else None
         self._length_due = False
-        if checked["finished"]:
+        if finished:
             self._origin_batch = self._origin_sample = 0
             self._next_epoch_start_step = self._epoch_start_step + math.ceil(
                 consumed / self.accumulate_grad_batches

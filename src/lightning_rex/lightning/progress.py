@@ -89,24 +89,35 @@ def is_logging_step(trainer: pl.Trainer) -> bool:
     return bool(trainer._logger_connector.should_update_logs)
 
 
-def loader_state_to_restore(trainer: pl.Trainer) -> dict[str, Any] | None:
+def loader_state_to_restore(trainer: pl.Trainer) -> tuple[dict[str, Any], bool] | None:
     """The train loader's state a resuming fit is about to restore, if any.
 
     Lightning restores a stateful train loader only after it has read ``len(loader)`` to
     size the epoch; the strategy restores it earlier, from here, so that the length is right.
+    After a checkpoint taken once an epoch was over (``ModelCheckpoint``'s default, at the
+    epoch's end) Lightning does not restore the loader at all: it starts the next epoch
+    afresh. The plan schedule lives in that state, so the strategy restores it then too, as
+    an epoch that is over; the state is taken from Lightning's list, so that a loader rebuilt
+    later in the fit does not restore it again.
 
     Args:
         trainer: The Trainer.
 
     Returns:
-        The saved state of the (single) stateful train loader, or None.
+        The saved state of the (single) stateful train loader and whether its epoch is over
+        by Lightning's count (it will not iterate the rest), or None.
     """
     loop = trainer.fit_loop
     states = getattr(loop, "_combined_loader_states_to_load", None)
-    if not loop.restarting or not states:
+    if not states:
         return None
     state = states[0]
-    return state if isinstance(state, dict) and "rex_sampler" in state else None
+    if not (isinstance(state, dict) and "rex_sampler" in state):
+        return None
+    if loop.restarting:
+        return state, False
+    loop._combined_loader_states_to_load = []
+    return state, True
 
 
 def set_epoch_length(trainer: pl.Trainer, n: int) -> None:

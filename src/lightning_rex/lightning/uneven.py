@@ -244,7 +244,7 @@ class UnevenPlans(PassCaps, Weighted):
         self._loader_batch_size = None if batch_size is None else int(batch_size)
         saved = loader_state_to_restore(trainer)
         if saved is not None:
-            self._loader.load_state_dict(saved)
+            self._loader.load_state_dict(saved[0], over=saved[1])
         # every epoch is sized from the sampler, when Lightning moves it to the epoch (it
         # counted the batches once, for the epoch the fit starts in)
         loader.batch_sampler.on_epoch_set(lambda epoch: self.resize_epoch())
@@ -414,6 +414,7 @@ class UnevenPlans(PassCaps, Weighted):
             and trainer is not None
             and isinstance(limit, float)
             and limit == 1.0
+            and not loader.batch_sampler.awaiting_move  # it serves the next epoch already
             and trainer.fit_loop.max_batches != len(loader)
         ):
             raise RuntimeError(
