@@ -437,9 +437,49 @@ def test_a_state_restored_as_over_moves_on_whatever_its_batches_left() -> None:
     resumed = _ranks(20, 4, 2, 1, False, 0, batch_range=(2, 16))
     for s, state in zip(resumed, states):
         s.load_state_dict(state, over=True)
-        assert s.awaiting_move and len(s) == 2 and s.schedule == samplers[0].schedule
+        # Lightning's count of it: the whole epoch, which Lightning's limit cuts
+        assert s.awaiting_move and len(s) == 3 and s.schedule == samplers[0].schedule
+        assert s.last_fetched_step() == 1  # 2 steps trained
         s.on_epoch_set(lambda epoch: None)
         s.set_epoch(1)
         assert not s.awaiting_move and s.take_length_due()
     # epoch 1 starts at step 2, at B=4: 5 batches
     _whole_epoch([list(iter(s)) for s in resumed])
+
+
+def test_a_move_begun_early_is_undone_when_lightning_stays_in_the_restored_epoch() -> None:
+    # validation at the epoch's end, checkpoint after it: Lightning moves the sampler to the
+    # restored epoch 0 again (to end it) after the workers began; then on to epoch 1
+    resumed = _restored_at_epoch_end(step_source=False)
+    told: list[int] = []
+    for s in resumed:
+        s.on_epoch_set(told.append)
+        next(iter(s))  # the workers fetch ahead
+        assert s.serves_next_epoch and s.epoch == 1
+        s.set_epoch(0)
+        assert not s.serves_next_epoch and s.epoch == 0 and len(s) == 3
+        s.set_epoch(1)
+        assert s.take_length_due()
+    assert told == [0, 0]
+    _whole_epoch([list(iter(s)) for s in resumed])
+
+
+def test_a_rebuilt_sampler_carries_the_restored_epoch() -> None:
+    # reload_dataloaders_every_n_epochs: Lightning replaces the sampler after the resume and
+    # before it moves past the restored epoch
+    old = _restored_at_epoch_end(step_source=False)
+    for s in old:
+        s.on_epoch_set(lambda epoch: None)
+        next(iter(s))  # the old loader's workers began
+    # the strategy keeps the run's schedule
+    new = [
+        UnevenBatchSampler(20, 8, (4, 4), r, seed=0, plans=o.plan_schedule, batch_range=(2, 16))
+        for r, o in enumerate(old)
+    ]
+    for s, o in zip(new, old):
+        s.carry_restored_epoch(o)
+        s.on_epoch_set(lambda epoch: None)
+        assert s.awaiting_move and s.epoch == 0 and len(s) == 3
+        s.set_epoch(1)
+        assert s.take_length_due()
+    _whole_epoch([list(iter(s)) for s in new])

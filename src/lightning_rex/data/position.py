@@ -61,8 +61,8 @@ def check_position(
     Returns:
         The state, normalised, with ``continues`` (the saved schedule is this run's:
         the same ``N`` and base ``B``, and every plan sums to a global batch this run
-        serves), ``reason`` (why not, in terms of this run) and ``finished`` (the saved
-        epoch was complete).
+        serves), ``reason`` (why not, in terms of this run), ``finished`` (the saved
+        epoch was complete) and ``length`` (the saved epoch's batches).
 
     Raises:
         StateError: Naming the field: another dataset length, a schedule that is empty,
@@ -142,4 +142,5 @@ def check_position(
         "continues": not reason,
         "reason": reason,
         "finished": consumed >= length,
+        "length": length,
     }

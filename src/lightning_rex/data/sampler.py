@@ -145,6 +145,9 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self._listener: Callable[[int], None] | None = None
         self._await_move: int | None = None
         self._length_due = False
+        # a restored epoch that is over, as (epoch, batches counted, batches fetched, its
+        # first step, the next's), while an iteration begun in it serves the next epoch
+        self._quiet: tuple[int, int, int, int, int] | None = None
         #: Whether a restored checkpoint's schedule continues (True), or its position was
         #: re-cut at this run's global batch (False); None when nothing was restored.
         self.continues: bool | None = None
@@ -186,10 +189,44 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self.sampler.on_set_epoch = None if listener is None else self._epoch_moved
 
     def _epoch_moved(self, epoch: int) -> None:
+        if self._quiet is not None and epoch == self._quiet[0]:
+            # Lightning goes on in the restored epoch (to validate at its end, say): the
+            # iteration begun early is not its next epoch's, and the restored epoch stands
+            self._undo_quiet_move()
         if self._await_move is not None and epoch == self._await_move:
-            self._await_move, self._length_due = None, True
+            self._await_move, self._length_due, self._quiet = None, True, None
         elif self._listener is not None:
             self._listener(epoch)
+
+    def _undo_quiet_move(self) -> None:
+        assert self._quiet is not None
+        epoch, counted, fetched, start, following = self._quiet
+        self.sampler.set_epoch(epoch, notify=False)
+        self._quiet, self._iter_epoch = None, None
+        self._finished, self._fetched = (epoch, counted), fetched
+        self._epoch_start_step, self._next_epoch_start_step = start, following
+        self._origin_batch = self._origin_sample = 0
+
+    def carry_restored_epoch(self, previous: UnevenBatchSampler) -> None:
+        """Take over an epoch restored as over from the sampler this one replaces.
+
+        Lightning rebuilds the train loader at an epoch's start
+        (``reload_dataloaders_every_n_epochs``), after a resume but before it moves past the
+        restored epoch; the new sampler must count that epoch as the old one did (Lightning
+        judges it over by that count) and begin the next epoch where it would have.
+
+        Args:
+            previous: The sampler of the loader rebuilt.
+        """
+        if previous._await_move is None:
+            return
+        if previous._quiet is not None:
+            previous._undo_quiet_move()
+        self.sampler.set_epoch(previous.epoch, notify=False)
+        self._finished, self._fetched = previous._finished, previous._fetched
+        self._epoch_start_step = previous._epoch_start_step
+        self._next_epoch_start_step = previous._next_epoch_start_step
+        self._await_move = previous._await_move
 
     @property
     def awaiting_move(self) -> bool:
@@ -199,6 +236,15 @@ class UnevenBatchSampler(Sampler[list[int]]):
         serve the next (a DataLoader with workers begins early, see :meth:`__iter__`).
         """
         return self._await_move is not None
+
+    @property
+    def serves_next_epoch(self) -> bool:
+        """Whether an iteration begun in a restored epoch that is over serves the next one.
+
+        Until Lightning moves the sampler past it, Lightning still counts the restored
+        epoch's batches, and this sampler's length is the next epoch's.
+        """
+        return self._quiet is not None
 
     def take_length_due(self) -> bool:
         """Whether the epoch's length is still to be told (once: the answer clears it).
@@ -354,13 +400,19 @@ class UnevenBatchSampler(Sampler[list[int]]):
             epoch, done = self._finished
             self._finished = None
             if epoch == self.epoch and self._listener is None:
-                # the restored epoch was over: nothing left of it
-                self._fetched = done
-                return
+                return  # the restored epoch was over: nothing left of it
             if epoch == self.epoch:
-                # Lightning iterates a loader resumed at an epoch's end once, for the epoch
-                # after; a DataLoader with workers begins (fetches ahead) before Lightning
-                # moves the sampler there. Move now, quietly: Lightning's move comes later
+                # Lightning iterates a loader resumed at an epoch's end once more, mostly for
+                # the epoch after; a DataLoader with workers begins (fetches ahead) before
+                # Lightning moves the sampler there. Move now, quietly: Lightning's move
+                # comes later (if it goes on in the restored epoch instead, it is undone)
+                self._quiet = (
+                    epoch,
+                    done,
+                    self._fetched,
+                    self._epoch_start_step,
+                    self._next_epoch_start_step,
+                )
                 self.sampler.set_epoch(epoch + 1, notify=False)
                 self._iter_epoch = self.epoch
                 self._origin_batch = self._origin_sample = 0
@@ -485,9 +537,12 @@ class UnevenBatchSampler(Sampler[list[int]]):
             self._origin_batch, self._origin_sample = consumed, checked["consumed_samples"]
         self._fetched = consumed
         self._resume_at = None if finished else consumed
-        self._finished = (checked["epoch"], consumed) if finished else None
+        # the restored epoch's length, as Lightning counts it: under its limit on batches an
+        # epoch ends early, and Lightning cuts the loader's whole length (not what was used)
+        counted = consumed if checked["finished"] else checked["length"]
+        self._finished = (checked["epoch"], counted) if finished else None
         self._await_move = checked["epoch"] + 1 if finished else None
-        self._length_due = False
+        self._length_due, self._quiet = False, None
         if finished:
             self._origin_batch = self._origin_sample = 0
             self._next_epoch_start_step = self._epoch_start_step + math.ceil(

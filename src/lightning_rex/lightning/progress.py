@@ -15,12 +15,16 @@ import math
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.loops.loop import _Loop
+from lightning.pytorch.trainer.states import RunningStage
 
 __all__ = [
     "fraction_done",
     "is_logging_step",
     "is_step_end",
+    "limit_reached",
     "loader_state_to_restore",
+    "resume_after_epoch_end",
     "set_epoch_length",
     "steps_done",
 ]
@@ -90,14 +94,15 @@ def is_logging_step(trainer: pl.Trainer) -> bool:
 
 
 def loader_state_to_restore(trainer: pl.Trainer) -> tuple[dict[str, Any], bool] | None:
-    """The train loader's state a resuming fit is about to restore, if any.
+    """The train loader's state a resuming fit is to restore, if any, taken from Lightning.
 
     Lightning restores a stateful train loader only after it has read ``len(loader)`` to
     size the epoch; the strategy restores it earlier, from here, so that the length is right.
     After a checkpoint taken once an epoch was over (``ModelCheckpoint``'s default, at the
     epoch's end) Lightning does not restore the loader at all: it starts the next epoch
     afresh. The plan schedule lives in that state, so the strategy restores it then too, as
-    an epoch that is over; the state is taken from Lightning's list, so that a loader rebuilt
+    an epoch that is over. The state is taken from Lightning's list either way: Lightning
+    does not load it a second time (over what the strategy made of it), and a loader rebuilt
     later in the fit does not restore it again.
 
     Args:
@@ -114,10 +119,56 @@ def loader_state_to_restore(trainer: pl.Trainer) -> tuple[dict[str, Any], bool] 
     state = states[0]
     if not (isinstance(state, dict) and "rex_sampler" in state):
         return None
-    if loop.restarting:
-        return state, False
     loop._combined_loader_states_to_load = []
-    return state, True
+    return state, not loop.restarting
+
+
+def limit_reached(trainer: pl.Trainer, batches: int, consumed: int) -> bool:
+    """Whether the user's ``limit_train_batches`` ends an epoch after ``consumed`` batches.
+
+    Args:
+        trainer: The Trainer.
+        batches: The epoch's batches (the loader's length).
+        consumed: The batches of it trained.
+
+    Returns:
+        True when a limit is set and Lightning ends the epoch there.
+    """
+    from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+
+    limit = trainer.limit_train_batches
+    if isinstance(limit, float) and limit == 1.0:  # the int 1 is "one batch"
+        return False
+    return consumed >= _parse_num_batches(RunningStage.TRAINING, batches, limit)
+
+
+def resume_after_epoch_end(trainer: pl.Trainer) -> bool:
+    """Resume a ``max_steps`` run after an epoch-end checkpoint as Lightning does others.
+
+    A checkpoint saved in ``on_train_epoch_end`` (``ModelCheckpoint``'s default) records an
+    epoch that is over. Resuming a run bounded by epochs, Lightning starts the next epoch
+    afresh. Bounded by ``max_steps`` it counts itself as restarting, and then trains one more
+    batch in the finished epoch (numbered past its end, from the next epoch's data) and
+    counts that epoch as the next one's: plain DDP skips the rest of that epoch's data, and
+    an uneven split has no such batch. This puts the loop where an epoch-bounded run is:
+    the epoch over, not restarting. Called at ``on_train_start``, after Lightning's reset.
+
+    Args:
+        trainer: The Trainer.
+
+    Returns:
+        Whether the loop was changed.
+    """
+    from lightning.pytorch.loops.fit_loop import RestartStage
+
+    loop = trainer.fit_loop
+    if not (loop.restarted_on_epoch_end and loop._iteration_based_training()):
+        return False
+    loop.epoch_progress.increment_completed()  # what Lightning does for an epoch-bounded run
+    loop._restart_stage = RestartStage.RESUMED_ON_EPOCH_END
+    loop.epoch_loop.reset_restart_stage()
+    _Loop.restarting.fset(loop, False)  # type: ignore[attr-defined]  # and the loops in it
+    return True
 
 
 def set_epoch_length(trainer: pl.Trainer, n: int) -> None:

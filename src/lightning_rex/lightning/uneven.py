@@ -30,7 +30,9 @@ from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.pass_caps import PassCaps
 from lightning_rex.lightning.plan_target import TrainSampler
 from lightning_rex.lightning.progress import (
+    limit_reached,
     loader_state_to_restore,
+    resume_after_epoch_end,
     set_epoch_length,
     steps_done,
 )
@@ -239,12 +241,20 @@ class UnevenPlans(PassCaps, Weighted):
             use_distributed_sampler=trainer._accelerator_connector.use_distributed_sampler,
             batch_range=self.batch_range,
         )
+        if self._loader is not None and trainer.fit_loop._combined_loader is not None:
+            # rebuilt in this fit (Lightning clears its loader when a fit attaches data): an
+            # epoch restored as over stays so
+            loader.batch_sampler.carry_restored_epoch(self._loader.batch_sampler)
         self._loader = loader
         batch_size = getattr(dataloader, "batch_size", None)
         self._loader_batch_size = None if batch_size is None else int(batch_size)
         saved = loader_state_to_restore(trainer)
         if saved is not None:
-            self._loader.load_state_dict(saved[0], over=saved[1])
+            state, over = saved
+            loader.load_state_dict(state, over=over)
+            # under limit_train_batches Lightning ends an epoch early, and judges it over
+            if not over and limit_reached(trainer, len(loader), loader.consumed):
+                loader.load_state_dict(state, over=True)
         # every epoch is sized from the sampler, when Lightning moves it to the epoch (it
         # counted the batches once, for the epoch the fit starts in)
         loader.batch_sampler.on_epoch_set(lambda epoch: self.resize_epoch())
@@ -407,6 +417,8 @@ class UnevenPlans(PassCaps, Weighted):
                 f"{len(combined.flattened)}; combine the datasets into one (for example with "
                 "torch.utils.data.ConcatDataset)"
             )
+        if trainer is not None:
+            resume_after_epoch_end(trainer)
         loader = self._loader
         limit = trainer.limit_train_batches if trainer is not None else None
         if (
@@ -414,7 +426,7 @@ class UnevenPlans(PassCaps, Weighted):
             and trainer is not None
             and isinstance(limit, float)
             and limit == 1.0
-            and not loader.batch_sampler.awaiting_move  # it serves the next epoch already
+            and not loader.batch_sampler.serves_next_epoch  # Lightning counts the last one
             and trainer.fit_loop.max_batches != len(loader)
         ):
             raise RuntimeError(
