@@ -9,7 +9,7 @@ from tests.helpers.trainer import quiet_trainer
 from torch.utils.data import DataLoader
 
 import lightning as L
-from lightning_rex.lightning.progress import fraction_done, limit_reached, loader_state_to_restore
+from lightning_rex.lightning.progress import fraction_done, loader_state_to_restore
 
 
 class _Shares(L.Callback):
@@ -68,14 +68,3 @@ def test_the_loader_state_is_restored_when_lightning_would_not_and_only_once() -
     assert loader_state_to_restore(t) is None
     assert loader_state_to_restore(trainer(False, [])) is None
     assert loader_state_to_restore(trainer(True, [{"other": 1}])) is None
-
-
-@pytest.mark.parametrize(
-    ("limit", "consumed", "reached"),
-    [(1.0, 13, False), (1.0, 4, False), (4, 4, True), (4, 3, False), (1, 1, True), (0.35, 4, True)],
-)
-def test_the_users_limit_on_batches_ends_the_epoch_where_lightning_does(
-    limit: float, consumed: int, reached: bool
-) -> None:
-    trainer: Any = SimpleNamespace(limit_train_batches=limit)
-    assert limit_reached(trainer, 13, consumed) is reached  # int(13 x 0.35) = 4

@@ -84,6 +84,17 @@ def _scenario(rank: int, tmp: str, o: dict[str, Any]) -> tuple[list[Any], list[A
     return full, _fit(f"{tmp}/resumed", o, str(ckpt)), end
 
 
+def _continued(rank: int, tmp: str, o: dict[str, Any]) -> tuple[list[Any], list[Any], int]:
+    # a run that max_steps ended mid-epoch, continued to more steps from its last (epoch-end)
+    # checkpoint, against a run that went there at once
+    full = _fit(f"{tmp}/full", o, None)
+    first = {**o, "trainer": o["first"]}
+    _fit(f"{tmp}/first", first, None)
+    stop = o["first"]["max_steps"]
+    ckpt = next(Path(tmp, "first").glob(f"epoch=*-step={stop}.ckpt"))
+    return full, _fit(f"{tmp}/resumed", o, str(ckpt)), stop
+
+
 SCENARIOS = {
     # validation at the epoch's end, checkpoint after it: Lightning resumes in epoch 0 to end
     # it, and the workers fetch ahead from the loader before Lightning moves on
@@ -115,12 +126,20 @@ SCENARIOS = {
 }
 
 
+# max_steps ends epoch 2 after 4 of its batches; the epoch-end checkpoint is not an epoch's end
+SCENARIOS["max_steps ended an epoch early, continued"] = {
+    "checkpoint": {"every_n_epochs": 1},
+    "trainer": {"max_steps": 60},
+    "first": {"max_steps": 40},
+}
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_a_resume_at_an_epochs_end_continues_with_the_same_samples(
     tmp_path: Path, name: str
 ) -> None:
     o = SCENARIOS[name]
-    results = run_distributed(_scenario, str(tmp_path), o)
+    results = run_distributed(_continued if "first" in o else _scenario, str(tmp_path), o)
     for full, resumed, start in results:
         assert resumed, "the resumed run trained"
         assert resumed == [s for s in full if s[1] >= start]

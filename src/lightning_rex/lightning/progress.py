@@ -16,14 +16,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.loops.loop import _Loop
-from lightning.pytorch.trainer.states import RunningStage
 
 __all__ = [
     "fraction_done",
     "is_logging_step",
     "is_step_end",
-    "limit_reached",
     "loader_state_to_restore",
+    "restored_epoch_ended",
     "resume_after_epoch_end",
     "set_epoch_length",
     "steps_done",
@@ -123,35 +122,36 @@ def loader_state_to_restore(trainer: pl.Trainer) -> tuple[dict[str, Any], bool] 
     return state, not loop.restarting
 
 
-def limit_reached(trainer: pl.Trainer, batches: int, consumed: int) -> bool:
-    """Whether the user's ``limit_train_batches`` ends an epoch after ``consumed`` batches.
+def restored_epoch_ended(trainer: pl.Trainer) -> bool:
+    """Whether the checkpoint being resumed was taken after its epoch's last batch.
+
+    Lightning's own saved judgement (its batch progress's ``is_last_batch``): under
+    ``limit_train_batches`` an epoch ends before the loader's, and on another world size
+    this run's count of the saved epoch is not the one that ended it.
 
     Args:
-        trainer: The Trainer.
-        batches: The epoch's batches (the loader's length).
-        consumed: The batches of it trained.
+        trainer: The Trainer, with the checkpoint's loop state restored.
 
     Returns:
-        True when a limit is set and Lightning ends the epoch there.
+        True when the restored epoch's last batch was trained.
     """
-    from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
-
-    limit = trainer.limit_train_batches
-    if isinstance(limit, float) and limit == 1.0:  # the int 1 is "one batch"
-        return False
-    return consumed >= _parse_num_batches(RunningStage.TRAINING, batches, limit)
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
 def resume_after_epoch_end(trainer: pl.Trainer) -> bool:
     """Resume a ``max_steps`` run after an epoch-end checkpoint as Lightning does others.
 
-    A checkpoint saved in ``on_train_epoch_end`` (``ModelCheckpoint``'s default) records an
-    epoch that is over. Resuming a run bounded by epochs, Lightning starts the next epoch
-    afresh. Bounded by ``max_steps`` it counts itself as restarting, and then trains one more
-    batch in the finished epoch (numbered past its end, from the next epoch's data) and
-    counts that epoch as the next one's: plain DDP skips the rest of that epoch's data, and
-    an uneven split has no such batch. This puts the loop where an epoch-bounded run is:
-    the epoch over, not restarting. Called at ``on_train_start``, after Lightning's reset.
+    A checkpoint saved in ``on_train_epoch_end`` (``ModelCheckpoint``'s default) after the
+    epoch's last batch records an epoch that is over. Resuming a run bounded by epochs,
+    Lightning starts the next epoch afresh. Bounded by ``max_steps`` it counts itself as
+    restarting, and then trains one more batch in the finished epoch (numbered past its
+    end, from the next epoch's data) and counts that epoch as the next one's: plain DDP
+    skips the rest of that epoch's data, and an uneven split has no such batch. This puts
+    the loop where an epoch-bounded run is: the epoch over, not restarting. A checkpoint
+    saved there after ``max_steps`` stopped an epoch early (a run continued to more steps)
+    is a restart in the middle of that epoch, and counted so: Lightning would go on in it
+    from the next epoch's permutation. Called at ``on_train_start``, after Lightning's
+    reset.
 
     Args:
         trainer: The Trainer.
@@ -164,6 +164,14 @@ def resume_after_epoch_end(trainer: pl.Trainer) -> bool:
     loop = trainer.fit_loop
     if not (loop.restarted_on_epoch_end and loop._iteration_based_training()):
         return False
+    if not restored_epoch_ended(trainer):
+        # max_steps stopped the epoch early: Lightning goes on in it, but from the next
+        # epoch's permutation (it moves the sampler to the epoch it counts as processed);
+        # count it as a restart in the middle of the epoch, which it is
+        for tracker in (loop.epoch_progress.total, loop.epoch_progress.current):
+            tracker.processed -= 1  # type: ignore[attr-defined]  # a _ProcessedTracker
+        loop._restart_stage = RestartStage.RESTARTED_MID_EPOCH
+        return True
     loop.epoch_progress.increment_completed()  # what Lightning does for an epoch-bounded run
     loop._restart_stage = RestartStage.RESUMED_ON_EPOCH_END
     loop.epoch_loop.reset_restart_stage()

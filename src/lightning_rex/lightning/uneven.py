@@ -30,8 +30,8 @@ from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.pass_caps import PassCaps
 from lightning_rex.lightning.plan_target import TrainSampler
 from lightning_rex.lightning.progress import (
-    limit_reached,
     loader_state_to_restore,
+    restored_epoch_ended,
     resume_after_epoch_end,
     set_epoch_length,
     steps_done,
@@ -250,11 +250,10 @@ class UnevenPlans(PassCaps, Weighted):
         self._loader_batch_size = None if batch_size is None else int(batch_size)
         saved = loader_state_to_restore(trainer)
         if saved is not None:
+            # over when Lightning will not go on in it (under limit_train_batches an epoch
+            # ends before the loader's)
             state, over = saved
-            loader.load_state_dict(state, over=over)
-            # under limit_train_batches Lightning ends an epoch early, and judges it over
-            if not over and limit_reached(trainer, len(loader), loader.consumed):
-                loader.load_state_dict(state, over=True)
+            loader.load_state_dict(state, over=over or restored_epoch_ended(trainer))
         # every epoch is sized from the sampler, when Lightning moves it to the epoch (it
         # counted the batches once, for the epoch the fit starts in)
         loader.batch_sampler.on_epoch_set(lambda epoch: self.resize_epoch())
