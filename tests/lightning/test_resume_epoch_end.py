@@ -37,13 +37,19 @@ class _ValModel(RegModel):
         return ((self.net(x) - y) ** 2).mean()
 
 
-class _HalveBatch(Callback):
-    """At step 2, schedule a global batch of 8 (what the scaler would do)."""
+class _ChangeBatch(Callback):
+    """At step 2, schedule a global batch of 8 (what the scaler would do); ``later`` is
+    ``(step, batch, at)``: at that step, schedule that batch from step ``at``."""
+
+    def __init__(self, later: tuple[int, int, int] | None) -> None:
+        self.later = later
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        target = trainer.strategy.plan_target
         if trainer.global_step == 2:
-            target = trainer.strategy.plan_target
             target.schedule_plan(even_plan(8, trainer.world_size), target.first_free_step())
+        if self.later is not None and trainer.global_step == self.later[0]:
+            target.schedule_plan(even_plan(self.later[1], trainer.world_size), self.later[2])
 
 
 def _fit(tmp: str, o: dict[str, Any], ckpt: str | None) -> list[tuple[int, int, list[int]]]:
@@ -52,7 +58,7 @@ def _fit(tmp: str, o: dict[str, Any], ckpt: str | None) -> list[tuple[int, int, 
     cfg = GlobalBatchScaling(4, 64, min_noise_steps=10**6)
     callbacks: list[Callback] = [
         RexCallback(window=500, warmup=0, background=False, global_batch=cfg),
-        _HalveBatch(),
+        _ChangeBatch(o.get("later")),
     ]
     if ckpt is None:
         callbacks.append(ModelCheckpoint(dirpath=tmp, save_top_k=-1, **o["checkpoint"]))
@@ -126,11 +132,21 @@ SCENARIOS = {
 }
 
 
-# max_steps ends epoch 2 after 4 of its batches; the epoch-end checkpoint is not an epoch's end
+# max_steps ends epoch 1 at its 18th batch; the epoch-end checkpoint is not an epoch's end.
+# Continued to more steps (max_epochs counts that epoch as done unless it is told otherwise)
 SCENARIOS["max_steps ended an epoch early, continued"] = {
     "checkpoint": {"every_n_epochs": 1},
-    "trainer": {"max_steps": 60},
-    "first": {"max_steps": 40},
+    "trainer": {"max_steps": 60, "max_epochs": 2},
+    "first": {"max_steps": 40, "max_epochs": 2},
+}
+# ... on a batch that validated (Lightning then counts that step again, and a change of the
+# batch scheduled before the stop would land a step early)
+SCENARIOS["max_steps ended an epoch early on a validation, continued"] = {
+    "val": True,
+    "later": (38, 16, 50),
+    "checkpoint": {"every_n_epochs": 1, "save_on_train_epoch_end": True},
+    "trainer": {"max_steps": 60, "val_check_interval": 2},
+    "first": {"max_steps": 41, "val_check_interval": 2},  # epoch 1's 18th batch validates
 }
 
 

@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loops.loop import _Loop
 
 __all__ = [
+    "count_stopped_epoch_as_unfinished",
     "fraction_done",
     "is_logging_step",
     "is_step_end",
@@ -138,7 +139,42 @@ def restored_epoch_ended(trainer: pl.Trainer) -> bool:
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
-def resume_after_epoch_end(trainer: pl.Trainer) -> bool:
+def count_stopped_epoch_as_unfinished(trainer: pl.Trainer) -> bool:
+    """A ``max_steps`` stop's epoch-end checkpoint, resumed to more steps: a mid-epoch restart.
+
+    When ``max_steps`` stops a run in the middle of an epoch, ``ModelCheckpoint``'s default
+    still saves in ``on_train_epoch_end``, with the epoch counted as processed. Continued to
+    more steps, Lightning goes on in that epoch but moves the sampler to the next epoch's
+    permutation (the one it counts as processed), and with ``max_epochs`` set it may not go
+    on at all. The epoch is unfinished: counted so here, at the restore, before Lightning
+    judges the loop's stage (a restart in the middle of the epoch) and whether it is done.
+
+    Args:
+        trainer: The Trainer, with the checkpoint's loop state restored.
+
+    Returns:
+        Whether the count was changed (then :func:`resume_after_epoch_end` finishes it).
+    """
+    loop = trainer.fit_loop
+    total: Any = loop.epoch_progress.total  # a _ProcessedTracker
+    on_epoch_end = (
+        total.started == total.ready
+        and total.processed == total.started
+        and total.completed == total.processed - 1
+    )
+    if not (
+        loop.restarting
+        and loop._iteration_based_training()
+        and on_epoch_end
+        and not restored_epoch_ended(trainer)
+    ):
+        return False
+    for tracker in (loop.epoch_progress.total, loop.epoch_progress.current):
+        tracker.processed -= 1  # type: ignore[attr-defined]  # a _ProcessedTracker
+    return True
+
+
+def resume_after_epoch_end(trainer: pl.Trainer, stopped_mid_epoch: bool = False) -> bool:
     """Resume a ``max_steps`` run after an epoch-end checkpoint as Lightning does others.
 
     A checkpoint saved in ``on_train_epoch_end`` (``ModelCheckpoint``'s default) after the
@@ -147,14 +183,17 @@ def resume_after_epoch_end(trainer: pl.Trainer) -> bool:
     restarting, and then trains one more batch in the finished epoch (numbered past its
     end, from the next epoch's data) and counts that epoch as the next one's: plain DDP
     skips the rest of that epoch's data, and an uneven split has no such batch. This puts
-    the loop where an epoch-bounded run is: the epoch over, not restarting. A checkpoint
-    saved there after ``max_steps`` stopped an epoch early (a run continued to more steps)
-    is a restart in the middle of that epoch, and counted so: Lightning would go on in it
-    from the next epoch's permutation. Called at ``on_train_start``, after Lightning's
-    reset.
+    the loop where an epoch-bounded run is: the epoch over, not restarting.
+
+    After :func:`count_stopped_epoch_as_unfinished` (``stopped_mid_epoch``), Lightning
+    resumes the epoch as after a checkpoint saved at a validation's end, before the step
+    was counted: if the checkpoint's last batch validated, it counts that step again. The
+    count is put back here. Called at ``on_train_start``, after Lightning's reset.
 
     Args:
         trainer: The Trainer.
+        stopped_mid_epoch: Whether the restore counted a ``max_steps`` stop's epoch as
+            unfinished.
 
     Returns:
         Whether the loop was changed.
@@ -162,19 +201,27 @@ def resume_after_epoch_end(trainer: pl.Trainer) -> bool:
     from lightning.pytorch.loops.fit_loop import RestartStage
 
     loop = trainer.fit_loop
-    if not (loop.restarted_on_epoch_end and loop._iteration_based_training()):
+    epoch_loop = loop.epoch_loop
+    if stopped_mid_epoch:
+        fetcher = loop._data_fetcher
+        if (
+            epoch_loop.restarted_on_last
+            and fetcher is not None
+            and not epoch_loop._should_accumulate()
+            and epoch_loop._should_check_val_fx(fetcher)
+        ):
+            epoch_loop._batches_that_stepped -= 1
+            return True
         return False
-    if not restored_epoch_ended(trainer):
-        # max_steps stopped the epoch early: Lightning goes on in it, but from the next
-        # epoch's permutation (it moves the sampler to the epoch it counts as processed);
-        # count it as a restart in the middle of the epoch, which it is
-        for tracker in (loop.epoch_progress.total, loop.epoch_progress.current):
-            tracker.processed -= 1  # type: ignore[attr-defined]  # a _ProcessedTracker
-        loop._restart_stage = RestartStage.RESTARTED_MID_EPOCH
-        return True
+    if not (
+        loop.restarted_on_epoch_end
+        and loop._iteration_based_training()
+        and restored_epoch_ended(trainer)
+    ):
+        return False
     loop.epoch_progress.increment_completed()  # what Lightning does for an epoch-bounded run
     loop._restart_stage = RestartStage.RESUMED_ON_EPOCH_END
-    loop.epoch_loop.reset_restart_stage()
+    epoch_loop.reset_restart_stage()
     _Loop.restarting.fset(loop, False)  # type: ignore[attr-defined]  # and the loops in it
     return True
 

@@ -30,6 +30,7 @@ from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.pass_caps import PassCaps
 from lightning_rex.lightning.plan_target import TrainSampler
 from lightning_rex.lightning.progress import (
+    count_stopped_epoch_as_unfinished,
     loader_state_to_restore,
     restored_epoch_ended,
     resume_after_epoch_end,
@@ -118,6 +119,8 @@ class UnevenPlans(PassCaps, Weighted):
         #: ``(min, max)`` global batches the train sampler's plans may sum to; set by
         #: ``RexCallback(global_batch=GlobalBatchScaling(...))`` before the loader is built
         self.batch_range: tuple[int, int] | None = None
+        # the restore counted a max_steps stop's epoch as unfinished (see on_train_start)
+        self._stopped_mid_epoch = False
 
     # ------------------------------------------------------------------ configuration checks
     @property
@@ -254,6 +257,7 @@ class UnevenPlans(PassCaps, Weighted):
             # ends before the loader's)
             state, over = saved
             loader.load_state_dict(state, over=over or restored_epoch_ended(trainer))
+            self._stopped_mid_epoch = count_stopped_epoch_as_unfinished(trainer)
         # every epoch is sized from the sampler, when Lightning moves it to the epoch (it
         # counted the batches once, for the epoch the fit starts in)
         loader.batch_sampler.on_epoch_set(lambda epoch: self.resize_epoch())
@@ -417,7 +421,8 @@ class UnevenPlans(PassCaps, Weighted):
                 "torch.utils.data.ConcatDataset)"
             )
         if trainer is not None:
-            resume_after_epoch_end(trainer)
+            resume_after_epoch_end(trainer, self._stopped_mid_epoch)
+            self._stopped_mid_epoch = False
         loader = self._loader
         limit = trainer.limit_train_batches if trainer is not None else None
         if (
