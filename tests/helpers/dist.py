@@ -4,14 +4,25 @@ Every rank gets the usual launcher environment (MASTER_ADDR, MASTER_PORT, WORLD_
 LOCAL_RANK, NODE_RANK), so a ``Trainer(devices=N, strategy=...)`` built inside the function
 attaches to the externally created processes exactly as under torchrun. Each rank's return
 value comes back to the test; an exception on any rank fails the test with its traceback.
+
+A rank that does not finish within the deadline fails the test too, never the whole run:
+every process of that rank (its DataLoader workers included) first prints the Python stack
+of each of its threads to the test's captured stderr, and is then killed with its process
+group, so no orphaned worker keeps pytest's output pipe (and a CI job) open.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
+import queue
+import signal
 import socket
+import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +60,52 @@ def _collect_before_fork() -> None:
     gc.collect()
 
 
+def _own_group() -> None:
+    """Lead a process group of this rank and the processes it forks (DataLoader workers),
+    each of which prints its threads' stacks on SIGUSR1 (the handler survives the fork)."""
+    os.setpgid(0, 0)
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+
+
+def _end_groups(procs: list[Any], dump: bool = False, grace: float = 0.0) -> None:
+    """Kill every rank still running with its process group, after ``grace`` seconds to end
+    (``dump``: each of their processes first prints its stacks)."""
+    for p in procs:
+        p.join(timeout=grace)
+    if dump:
+        for p in procs:
+            if p.is_alive():
+                for pid in _group_members(p.pid):  # one at a time: the stacks do not interleave
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        print(f"--- rank {procs.index(p)}, process {pid}:", file=sys.__stderr__)
+                        os.kill(pid, signal.SIGUSR1)
+                        time.sleep(0.5)
+    for p in procs:
+        if p.pid is not None:
+            _signal_group(p.pid, signal.SIGKILL)  # the workers of a rank that ended, too
+        p.join(timeout=5)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The processes of a process group, the leader first (from Linux's /proc)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid:  # the fields after the name: state, ppid, pgrp
+                    members.append(int(entry))
+    return sorted(members, key=lambda pid: pid != pgid)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
 def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, q: Any) -> None:
+    _own_group()
     _launcher_env(rank, world, port)
     try:
         import torch
@@ -74,7 +130,11 @@ def _child(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
 def run_distributed(
     fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 240
 ) -> list[Any]:
-    """Run ``fn(rank, *args)`` on ``world_size`` forked ranks; return the results by rank."""
+    """Run ``fn(rank, *args)`` on ``world_size`` forked ranks; return the results by rank.
+
+    ``timeout`` bounds the whole run in seconds (below pytest-timeout's 300, so that a hang
+    is reported with every rank's stacks and its processes are gone before the next test).
+    """
     _collect_before_fork()
     ctx = mp.get_context("fork")
     q = ctx.Queue()
@@ -85,21 +145,35 @@ def run_distributed(
     ]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + timeout
     results: dict[int, Any] = {}
     errors: list[str] = []
+    hung = False
     try:
         for _ in range(world_size):
-            rank, ok, out = q.get(timeout=timeout)
+            try:
+                rank, ok, out = q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                hung = True
+                waiting = sorted(set(range(world_size)) - set(results))
+                errors.append(
+                    f"ranks {waiting} did not finish within {timeout:.0f} s (a hang: the "
+                    "stack of every thread of their processes is in the captured stderr)"
+                )
+                break
             if ok:
                 results[rank] = pickle.loads(out)
             else:
                 errors.append(f"rank {rank}:\n{out}")
                 break
-    finally:
-        for p in procs:
-            p.join(timeout=5 if errors else 30)
-            if p.is_alive():
-                p.kill()
+        if not errors:
+            for p in procs:
+                p.join(timeout=max(1.0, deadline - time.monotonic()))
+    except BaseException:  # pytest-timeout, ^C
+        _end_groups(procs)
+        raise
+    if errors or any(p.is_alive() for p in procs):
+        _end_groups(procs, dump=hung, grace=0.0 if hung else 5.0)
     if errors:
         raise AssertionError("a rank failed:\n" + "\n".join(errors))
     return [results[r] for r in range(world_size)]
@@ -108,9 +182,8 @@ def run_distributed(
 def _failing_child(
     rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, q: Any
 ) -> None:
+    _own_group()
     _launcher_env(rank, world, port)
-    import time
-
     t0 = time.monotonic()
     code = 0
     try:
@@ -135,8 +208,6 @@ def run_expecting_failure(
     Returns per rank ``{"exitcode", "error" (type name or None), "message", "seconds"}``; a
     rank still alive after ``deadline`` seconds is killed and reported with exitcode None.
     """
-    import time
-
     _collect_before_fork()
     ctx = mp.get_context("fork")
     q = ctx.Queue()
@@ -157,8 +228,7 @@ def run_expecting_failure(
             p.kill()
             p.join(5)
         out[r] = {"exitcode": None if alive else p.exitcode, "error": None, "message": ""}
-    import queue
-
+    _end_groups(procs)  # what the ranks forked
     while True:
         try:
             rank, err, msg, secs = q.get(timeout=1.0)
