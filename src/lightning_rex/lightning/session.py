@@ -351,6 +351,7 @@ class FitSession:
         """Release the gradient hooks, the threads and the signal handler (no collective)."""
         if self.watchdog is not None:
             self.watchdog.stop()
+            self.watchdog = None
         self.timer.detach()
         if self.scaling is not None:
             self.scaling.norms.remove()

@@ -151,6 +151,11 @@ class HangWatchdog:
             self._installed = False
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
+            if not self._thread.is_alive():
+                # the store's connection closes now, in this process: left to the garbage
+                # collector, a process forked later (a DataLoader worker of the next fit)
+                # would inherit it, and close it there
+                self.store = None
 
     def _raise(self, signum: int, frame: Any) -> None:
         if self.error is not None:
