@@ -11,6 +11,7 @@ uninterrupted run's.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,9 @@ class _ChangeBatch(Callback):
 
 
 def _fit(tmp: str, o: dict[str, Any], ckpt: str | None) -> list[tuple[int, int, list[int]]]:
+    # the previous fit's garbage (its Trainer, loaders and process group handles, in
+    # reference cycles) is freed here, not in the DataLoader workers this fit forks
+    gc.collect()
     model = (_ValModel if o.get("val") else RegModel)()
     # a window no run reaches: the controller never decides, the schedule is the test's
     cfg = GlobalBatchScaling(4, 64, min_noise_steps=10**6)
