@@ -83,7 +83,16 @@ def _end_groups(procs: list[Any], dump: bool = False, grace: float = 0.0) -> Non
     for p in procs:
         if p.pid is not None:
             _signal_group(p.pid, signal.SIGKILL)  # the workers of a rank that ended, too
+            if p.is_alive():  # (not yet its own group: forked a moment ago)
+                p.kill()
         p.join(timeout=5)
+
+
+def _start(procs: list[Any]) -> None:
+    for p in procs:
+        p.start()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.setpgid(p.pid, p.pid)  # the child does it too: whichever runs first
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -143,8 +152,7 @@ def run_distributed(
         ctx.Process(target=_child, args=(r, world_size, port, fn, args, q), daemon=False)
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    _start(procs)
     deadline = time.monotonic() + timeout
     results: dict[int, Any] = {}
     errors: list[str] = []
@@ -166,14 +174,15 @@ def run_distributed(
             else:
                 errors.append(f"rank {rank}:\n{out}")
                 break
-        if not errors:
-            for p in procs:
-                p.join(timeout=max(1.0, deadline - time.monotonic()))
-    except BaseException:  # pytest-timeout, ^C
+    except KeyboardInterrupt:
         _end_groups(procs)
         raise
-    if errors or any(p.is_alive() for p in procs):
-        _end_groups(procs, dump=hung, grace=0.0 if hung else 5.0)
+    except BaseException:  # pytest-timeout's: the stacks of what is still running, too
+        _end_groups(procs, dump=True)
+        raise
+    # every rank reported: 30 s to exit; then each rank's group is killed, whatever it left
+    # behind included (a DataLoader worker holding pytest's output open)
+    _end_groups(procs, dump=hung, grace=0.0 if hung else (5.0 if errors else 30.0))
     if errors:
         raise AssertionError("a rank failed:\n" + "\n".join(errors))
     return [results[r] for r in range(world_size)]
@@ -217,8 +226,7 @@ def run_expecting_failure(
         for r in range(world_size)
     ]
     t0 = time.monotonic()
-    for p in procs:
-        p.start()
+    _start(procs)
     for p in procs:
         p.join(timeout=max(0.0, deadline - (time.monotonic() - t0)))
     out: dict[int, dict[str, Any]] = {}
