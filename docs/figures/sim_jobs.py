@@ -369,7 +369,7 @@ def render_4096(data: dict[str, Any]) -> dict[str, str]:
 # ----------------------------------------------------------------------------- batch scaling
 GNS = ("gns-flat-8", "gns-slow-8", "gns-fast-8", "gns-flat-64", "gns-slow-64", "gns-fast-64")
 GNS_LONG = ("gns-image-8", "gns-lm-8", "gns-image-64", "gns-lm-64")
-_GNS_POLICIES = "fixed,hindsight,adaptive-oracle,pollux,pollux-split,rex"
+_GNS_POLICIES = "fixed,hindsight,adaptive-oracle,pollux,pollux-split,pollux-rex,rex"
 
 
 def _gns_compare(presets: tuple[str, ...]) -> dict[str, Command]:
@@ -392,9 +392,9 @@ def _gns_rows(data: dict[str, Any], presets: tuple[str, ...]) -> list[str]:
     """Time to target of every batch policy, and rex's paired ratios, one row a preset."""
     rows = [
         "| preset | fixed `B0` | hindsight (`B`) | adaptive oracle | Pollux | Pollux, oracle split"
-        " | rex (mean `B`, first change) | rex / oracle | rex / Pollux, oracle split"
-        " | rex / Pollux |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        " | Pollux, rex's split | rex (mean `B`, first change) | rex / oracle"
+        " | rex / Pollux, rex's split | rex / Pollux, oracle split | rex / Pollux |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in presets:
         r = result(data, p)
@@ -408,14 +408,14 @@ def _gns_rows(data: dict[str, Any], presets: tuple[str, ...]) -> list[str]:
         first = rex["first_change_step_mean"]
         ratio = {  # rex's time over the policy's, paired by seed
             n: f"{f3(pol[n]['rex_time_ratio'])} {interval(*pol[n]['rex_time_ratio_ci95'])}"
-            for n in ("adaptive-oracle", "pollux-split", "pollux")
+            for n in ("adaptive-oracle", "pollux-rex", "pollux-split", "pollux")
         }
         rows.append(
             f"| `{p}` | {t('fixed')} | {t('hindsight')} ({r['hindsight_batch']}) | "
             f"{t('adaptive-oracle')} | {t('pollux')} | {t('pollux-split')} | "
-            f"{t('rex')} ({rex['mean_batch_mean']:.0f}, step "
+            f"{t('pollux-rex')} | {t('rex')} ({rex['mean_batch_mean']:.0f}, step "
             f"{'-' if first is None else f'{first:.0f}'}) | {ratio['adaptive-oracle']} | "
-            f"{ratio['pollux-split']} | {ratio['pollux']} |"
+            f"{ratio['pollux-rex']} | {ratio['pollux-split']} | {ratio['pollux']} |"
         )
     return rows
 
@@ -431,9 +431,10 @@ def _gns_summary(data: dict[str, Any], presets: tuple[str, ...], what: str) -> s
     return (
         f"On the {what}, seeds 0-9, rex's time to the target is "
         f"{_gns_span(data, presets, 'pollux')} Pollux's, "
-        f"{_gns_span(data, presets, 'pollux-split')} that of Pollux's batch choice with the "
-        f"oracle's split, and {_gns_span(data, presets, 'adaptive-oracle')} the adaptive "
-        "oracle's (means by preset, paired by seed)."
+        f"{_gns_span(data, presets, 'pollux-rex')} that of Pollux's batch choice with rex's "
+        f"split, {_gns_span(data, presets, 'pollux-split')} that of Pollux's batch choice "
+        f"with the oracle's split, and {_gns_span(data, presets, 'adaptive-oracle')} the "
+        "adaptive oracle's (means by preset, paired by seed)."
     )
 
 
@@ -441,7 +442,7 @@ _GAP_PARTS = ("start_s", "trials_s", "kept_s", "shape_s", "steps_s")
 
 
 def _gns_gap_rows(data: dict[str, Any], presets: tuple[str, ...]) -> list[str]:
-    """The time of rex and of Pollux-split over the oracle's, part by part (``time_parts``).
+    """The time of rex and of Pollux's two splits over the oracle's, part by part (``time_parts``).
 
     Each cell is the policy's mean part less the oracle's, in points of the oracle's mean
     time; the first is the whole difference (the limit's, the last step's overshoot, is in
@@ -457,7 +458,11 @@ def _gns_gap_rows(data: dict[str, Any], presets: tuple[str, ...]) -> list[str]:
         pol = result(data, p)["policies"]
         oracle = pol["adaptive-oracle"]
         base, ref = oracle["time_to_target_mean"], oracle["time_parts_mean"]
-        for name, label in (("rex", "rex"), ("pollux-split", "Pollux, oracle split")):
+        for name, label in (
+            ("rex", "rex"),
+            ("pollux-rex", "Pollux, rex's split"),
+            ("pollux-split", "Pollux, oracle split"),
+        ):
             agg = pol[name]
             parts = agg["time_parts_mean"]
             total = 100.0 * (agg["time_to_target_mean"] - base) / base

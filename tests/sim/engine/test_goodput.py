@@ -131,6 +131,7 @@ def test_workload_presets_load() -> None:
         "hindsight",
         "pollux",
         "pollux-split",
+        "pollux-rex",
         "adaptive-oracle",
         "rex",
     )

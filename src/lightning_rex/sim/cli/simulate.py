@@ -21,8 +21,8 @@ records (the format of training's ``rex_decisions.jsonl``) and ``DIR/summary.jso
 ``python -m lightning_rex report DIR`` plots (see :mod:`lightning_rex.sim.cli.trace`).
 
 On a scenario with a ``workload`` (the ``gns-*`` presets), the policies are global batch
-policies, ``--compare fixed,hindsight,pollux,pollux-split,adaptive-oracle,rex``, compared
-by their time to the workload's target (see :mod:`lightning_rex.sim.cli.goodput`).
+policies, ``--compare fixed,hindsight,pollux,pollux-split,pollux-rex,adaptive-oracle,rex``,
+compared by their time to the workload's target (see :mod:`lightning_rex.sim.cli.goodput`).
 
 On a scenario with memory (pass caps, :mod:`lightning_rex.sim.scenarios.memory`: ``fsdp-memory-8``)
 the output names each rank's pass cap, and a seed set adds rex's throughput over every
@@ -45,7 +45,7 @@ __all__ = ["add_parser", "best_peer", "main"]
 POLICIES = ("even", "static", "proportional", "throughput", "lbb", "omnilearn", "rex", "oracle")
 # on workload scenarios only (rex too); goodput.BATCH_POLICIES less rex (a test holds them
 # equal: the goodput module is imported only when a workload scenario runs)
-BATCH_POLICIES = ("fixed", "hindsight", "pollux", "pollux-split", "adaptive-oracle")
+BATCH_POLICIES = ("fixed", "hindsight", "pollux", "pollux-split", "pollux-rex", "adaptive-oracle")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -68,8 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--policy",
         default="rex",
         choices=POLICIES + BATCH_POLICIES,
-        help="policy for a single run (fixed, hindsight, pollux, pollux-split, adaptive-oracle:"
-        " workload scenarios only)",
+        help="policy for a single run (fixed, hindsight, pollux, pollux-split, pollux-rex,"
+        " adaptive-oracle: workload scenarios only)",
     )
     parser.add_argument("--compare", default=None, help="comma-separated policies to compare")
     parser.add_argument("--seed", type=_seed, default=0, help="noise seed (default 0)")

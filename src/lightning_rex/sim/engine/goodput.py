@@ -16,7 +16,10 @@ training measures them. The policies:
   (:class:`~lightning_rex.sim.policies.pollux.PolluxPolicy`);
 * ``pollux-split``: the same batch choice, each batch split by the oracle's minimax plan
   (:func:`~lightning_rex.sim.policies.builtin.oracle_plan`): what Pollux's choice reaches once the
-  split is as good as it gets, so that rex against it measures rex's batch choice alone;
+  split is as good as it gets;
+* ``pollux-rex``: the same batch choice, each batch split by rex's own plan controller
+  (:class:`~lightning_rex.sim.policies.pollux_rex.PolluxRexPolicy`): rex and it share the
+  split and all it costs, so that rex against it measures rex's batch choice alone;
 * ``adaptive-oracle``: the goodput-optimal batch and its minimax plan at every step, from
   the true statistics and curves (:class:`~lightning_rex.sim.policies.adaptive_oracle.
   AdaptiveOraclePolicy`): the limit of the goodput problem;
@@ -43,6 +46,7 @@ from lightning_rex.sim.policies.adaptive_oracle import AdaptiveOraclePolicy
 from lightning_rex.sim.policies.base import Policy, PolicyInfo
 from lightning_rex.sim.policies.builtin import EvenPolicy, RexPolicy, oracle_plan, oracle_step_s
 from lightning_rex.sim.policies.pollux import PolluxPolicy
+from lightning_rex.sim.policies.pollux_rex import PolluxRexPolicy
 from lightning_rex.sim.scenarios.scenario import Scenario
 from lightning_rex.sim.scenarios.workload import GradientNorms, Workload
 
@@ -54,7 +58,15 @@ __all__ = [
     "run_goodput",
 ]
 
-BATCH_POLICIES = ("fixed", "hindsight", "pollux", "pollux-split", "adaptive-oracle", "rex")
+BATCH_POLICIES = (
+    "fixed",
+    "hindsight",
+    "pollux",
+    "pollux-split",
+    "pollux-rex",
+    "adaptive-oracle",
+    "rex",
+)
 """The global batch policies :func:`run_goodput` runs."""
 
 _SCAN = 32
@@ -222,6 +234,8 @@ def _policy(
     elif name == "pollux-split":
         split = functools.cache(functools.partial(oracle_plan, s))
         pol, info = PolluxPolicy(split), _info(s, seed, s.global_batch, workload.batch_range)
+    elif name == "pollux-rex":
+        pol, info = PolluxRexPolicy(), _info(s, seed, s.global_batch, workload.batch_range)
     elif name == "adaptive-oracle":
         pol, info = AdaptiveOraclePolicy(s), _info(s, seed, s.global_batch, workload.batch_range)
     elif name == "rex":

@@ -261,6 +261,23 @@ class PolluxPolicy(PolicyBase):
         Returns:
             The plan of the new batch, or None.
         """
+        best = self.rechoose(times, plan)
+        if best is None or best == self.batch:
+            return None
+        self.batch = best
+        return self.plan_for(best)
+
+    def rechoose(self, times: np.ndarray, plan: Plan) -> int | None:
+        """Record a step's times; at the end of a period, the batch of best goodput.
+
+        Args:
+            times: Every rank's compute time of the step.
+            plan: The plan it ran under.
+
+        Returns:
+            :meth:`choose`'s batch when the step ends a period (it may be the batch in
+            force), else None.
+        """
         grad = float(np.max(times))
         iter_time = grad + self.info.comm
         self._times.setdefault(sum(plan), []).append((grad, iter_time))
@@ -268,11 +285,7 @@ class PolluxPolicy(PolicyBase):
         if self._clock < self._next:
             return None
         self._next = self._clock + _PERIOD_S
-        best = self.choose()
-        if best is None or best == self.batch:
-            return None
-        self.batch = best
-        return self.plan_for(best)
+        return self.choose()
 
     def accumulation(self, batch: np.ndarray) -> np.ndarray:
         """The accumulation steps of each global batch: its split's most passes, less one.
