@@ -45,3 +45,25 @@ def test_predictions_are_kept_until_forgotten_and_inf_beyond_the_bounds():
     steps.forget()
     assert steps.predict(256) == float("inf")
     assert np.isfinite(steps.predict(96)) and np.isfinite(steps.predict_plan((24,) * N))
+
+
+def test_a_better_split_is_offered_only_past_the_least_gain():
+    # one rank twice as fast as the others: the even plan is well off the model's best
+    ctl = Controller(B0, N, seed=0, max_global_batch=1024)
+    steps = StepTimes(ctl)
+    rng = np.random.default_rng(1)
+    speed = np.array([2.0] + [1.0] * (N - 1))[:, None]
+    for start in range(0, 90, 30):
+        t = 0.02 + np.asarray(ctl.plan)[:, None] / (1000.0 * speed)
+        ctl.observe(Window(t * np.exp(rng.normal(0, 0.02, (N, 30))), ctl.plan, start, start + 30))
+    even = (B0 // N,) * N
+    better = steps.better_split(even, 0.02)
+    assert better is not None
+    best, now, then = better
+    assert sum(best) == B0 and best[0] > max(best[1:])  # the fast rank takes more
+    assert now >= then * 1.02
+    assert steps.better_split(best, 0.02) is None  # the best plan has nothing better
+    assert steps.better_split(even, now / then) is None  # a gain it does not reach
+    ctl.set_bounds(1, [24] * N)  # 96 samples at most: a batch of 128 has no plan
+    steps.forget()
+    assert steps.better_split((32,) * N, 0.02) is None

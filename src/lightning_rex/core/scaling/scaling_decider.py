@@ -334,13 +334,11 @@ class ScalingDecider:
         batch = sum(window.plan)
         if self._resplit or self.controller.model.n_obs == 0:
             return None
-        try:
-            plan, _ = self.controller.predict_step_time(batch)
-        except ValueError:  # the bounds cannot hold the batch now: the verdict will tell
+        # (None too when the bounds cannot hold the batch now: the verdict will tell)
+        better = self.steps.better_split(window.plan, self.scaler.config.min_gain)
+        if better is None:
             return None
-        now, then = self.steps.predict_plan(window.plan), self.steps.predict_plan(plan)
-        if plan == window.plan or now < then * (1.0 + self.scaler.config.min_gain):
-            return None
+        plan, now, then = better
         self.controller.set_global_batch(batch, plan)
         self._resplit, self._resplit_from, self._trial = True, window.plan, []
         return Decision(

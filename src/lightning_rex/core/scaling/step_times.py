@@ -138,6 +138,32 @@ class StepTimes:
         for batch, (_, rank_s) in zip(want, best_plans_for(ctl.model, bounds, want)):
             self._predicted[batch] = self.wait.step_time(rank_s, self.overhead_s)
 
+    def better_split(
+        self, plan: Sequence[int], min_gain: float
+    ) -> tuple[tuple[int, ...], float, float] | None:
+        """The model's best plan for ``plan``'s batch, when predicted ``min_gain`` faster.
+
+        What corrects a new batch's extrapolated plan once the rank model has run its sizes
+        (rex's trials, and the ``pollux-rex`` peer's batches).
+
+        Args:
+            plan: The plan in force.
+            min_gain: The least predicted speedup of the step (0.02: 2%).
+
+        Returns:
+            ``(best plan, predicted step of plan, predicted step of best)``, or None when the
+            best plan is ``plan``, is predicted less than ``min_gain`` faster, or the size
+            bounds cannot hold the batch now.
+        """
+        try:
+            best, _ = self.controller.predict_step_time(sum(plan))
+        except ValueError:
+            return None
+        now, then = self.predict_plan(plan), self.predict_plan(best)
+        if tuple(best) == tuple(plan) or now < then * (1.0 + min_gain):
+            return None
+        return tuple(best), now, then
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state: the recent windows' overheads and the straggler wait's scales."""
         return {"overheads": list(self._overheads), "wait": self.wait.state_dict()}

@@ -203,15 +203,12 @@ class _PolluxRexDecider:
 
     def _resplit(self, window: Window, measured: float) -> Decision | None:
         """The new batch's plan, re-split once on its first measured sizes (as rex's trials)."""
-        c, batch = self.controller, sum(window.plan)
-        try:
-            plan, _ = c.predict_step_time(batch)
-        except ValueError:
+        batch = sum(window.plan)
+        better = self.steps.better_split(window.plan, self.policy.min_gain)
+        if better is None:
             return None
-        now, then = self.steps.predict_plan(window.plan), self.steps.predict_plan(plan)
-        if plan == window.plan or now < then * (1.0 + self.policy.min_gain):
-            return None
-        c.set_global_batch(batch, plan)
+        plan, now, then = better
+        self.controller.set_global_batch(batch, plan)
         self._resplit_from = window.plan
         return Decision(
             "propose",
