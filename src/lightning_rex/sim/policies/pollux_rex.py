@@ -188,7 +188,7 @@ class _PolluxRexDecider:
         except ValueError as err:
             self.policy.pending = None  # the agent chooses again at its next period
             return self._hold(window, f"global batch {old} -> {want}: {err}")
-        self.policy.pending, self.policy.batch = None, want
+        self.policy.pending = None
         self._move, self._trial_left = (old, old_plan), self.policy.trial_steps
         return Decision(
             "propose",
@@ -236,7 +236,6 @@ class _PolluxRexDecider:
             old, old_plan = self._move
             self._move, self._trial_left = None, 0
             c.set_global_batch(old, old_plan)
-            self.policy.batch = old
         else:
             c.decline()
 
