@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loops.loop import _Loop
 
 __all__ = [
@@ -45,15 +46,18 @@ def steps_done(trainer: pl.Trainer) -> int:
 def fraction_done(trainer: pl.Trainer) -> float | None:
     """How much of the fit is done, for pricing a global batch trial (read at a step's end).
 
-    The larger of the steps' share of ``max_steps`` and the epochs' share of ``max_epochs``
-    (the bound that ends the fit first); an epoch's share counts its batches done of the
-    epoch's batches now (global batch scaling changes them, :func:`set_epoch_length`).
+    The largest share of the bounds that end the fit: the steps' share of ``max_steps``, the
+    epochs' share of ``max_epochs`` (an epoch's share counts its batches done of the epoch's
+    batches now; global batch scaling changes them, :func:`set_epoch_length`), and the
+    training time's share of a :class:`~lightning.pytorch.callbacks.Timer`'s duration
+    (``Trainer(max_time=...)`` adds one; a resumed fit's Timer counts the time before the
+    checkpoint too). Whichever bound ends the fit first is the furthest along.
 
     Args:
         trainer: The Trainer.
 
     Returns:
-        A fraction in ``[0, 1]``, or None when neither bound is finite.
+        A fraction in ``[0, 1]``, or None when no bound is set.
     """
     shares = []
     if trainer.max_steps is not None and trainer.max_steps > 0:
@@ -63,6 +67,13 @@ def fraction_done(trainer: pl.Trainer) -> float | None:
     if epochs is not None and epochs > 0 and 0 < batches < math.inf:
         within = min(1.0, (loop.epoch_loop.batch_idx + 1) / batches)
         shares.append((trainer.current_epoch + within) / epochs)
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(callback, Timer):
+            remaining = callback.time_remaining()
+            if remaining is not None:  # (a Timer without a duration bounds nothing)
+                elapsed = callback.time_elapsed()
+                total = elapsed + max(0.0, remaining)
+                shares.append(elapsed / total if total > 0 else 1.0)
     return min(1.0, max(shares)) if shares else None
 
 

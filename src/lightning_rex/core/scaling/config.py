@@ -27,10 +27,10 @@ class GlobalBatchScaling:
         min_gain: The smallest predicted goodput gain worth a trial of a new batch, early
             in a run or in a long one (the trial is then kept when its measured gain is
             significant, however small). Nearer the end of a run whose length is known
-            (``max_steps`` or ``max_epochs`` in training), a trial must also pay back twice
-            its new shapes' one-off cost over the run that remains, which asks more
-            (:func:`~lightning_rex.core.decide.pricing.trial_min_gain`). A trial is re-split
-            when its best plan is predicted this much faster.
+            (``max_steps``, ``max_epochs`` or ``max_time`` in training), a trial must also
+            pay back twice its new shapes' one-off cost over the run that remains, which
+            asks more (:func:`~lightning_rex.core.decide.pricing.trial_min_gain`). A trial
+            is re-split when its best plan is predicted this much faster.
         confidence: One-sided confidence that a kept change's goodput gain is real.
         decay: Per-step decay of the noise scale's moving averages.
         min_noise_steps: Steps of noise-scale estimates after which a change may rest on
