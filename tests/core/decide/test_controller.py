@@ -486,6 +486,35 @@ def test_global_batch_changes_keep_the_model_and_round_trip():
         Controller(512, 4).predict_step_time(1024)
 
 
+@pytest.mark.parametrize("looks", [1, 3])
+def test_a_new_batchs_extrapolated_plan_is_a_guess_judged_as_a_cold_start(looks):
+    # the model extrapolates the new batch's sizes; there rank 3 runs at half that rate.
+    # A plan no window has measured protects no status quo: its first window (or its first
+    # look) proposes, as the initial plan's does; a plan measured before waits for persistence
+    slow = np.array([1.0, 1.0, 1.0, 2.0])
+    first = {}
+    for guess in (False, True):
+        rng = np.random.default_rng(3)
+        c = Controller(512, 4, seed=0, max_global_batch=2048, window=WindowSpec(30, looks))
+        for i in range(4):
+            for seg in segments(window(c.plan, rng, 30 * i), looks):
+                c.observe(seg)
+        plan, _ = c.predict_step_time(1024)
+        c.set_global_batch(1024, plan, guess=guess)
+        if guess:  # the guess survives a checkpoint taken before its first window
+            state = json.loads(json.dumps(c.state_dict()))
+            c = Controller(512, 4, seed=0, max_global_batch=2048, window=WindowSpec(30, looks))
+            c.load_state_dict(state)
+        segs = segments(window(plan, rng, 400, factor=slow), looks)
+        first[guess] = c.observe(segs[0])
+        if guess:
+            assert first[guess].kind == "propose", first[guess].reason
+            assert "cold start" in first[guess].reason
+            c.decline()  # the guess is spent: the next window needs persistence again
+            assert c.observe(window(plan, rng, 430, factor=slow)).kind == "hold"
+    assert first[False].kind == "hold"
+
+
 def tile_truth(plan):
     """Ranks 0-1 pad their batch to tiles of 32 samples (3000 samples/s); ranks 2-3 are
     affine and slower (800 samples/s). The best plan, (96, 96, 32, 32), puts the fast ranks

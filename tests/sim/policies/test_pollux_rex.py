@@ -44,9 +44,9 @@ def test_the_agent_s_batch_is_split_by_the_controller(monkeypatch: pytest.Monkey
         predicted.setdefault(batch, []).append(tuple(plan))
         return plan, seconds
 
-    def spy_move(self: Controller, batch: int, plan: tuple[int, ...]) -> None:
+    def spy_move(self: Controller, batch: int, plan: tuple[int, ...], guess: bool = False) -> None:
         moves.append((batch, tuple(plan)))
-        move(self, batch, plan)
+        move(self, batch, plan, guess)
 
     monkeypatch.setattr(PolluxPolicy, "choose", spy_choose)
     monkeypatch.setattr(Controller, "predict_step_time", spy_predict)

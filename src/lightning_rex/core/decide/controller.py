@@ -201,7 +201,7 @@ class Controller:
         low, high = self.bounds.arrays(global_batch, self.world_size)
         return best_plan_for(self.model, low, high, global_batch)
 
-    def set_global_batch(self, global_batch: int, plan: Sequence[int]) -> None:
+    def set_global_batch(self, global_batch: int, plan: Sequence[int], guess: bool = False) -> None:
         """Move to another global batch with ``plan`` (a validated batch scaling change).
 
         The global batch's own validation (goodput) is the caller's; the controller takes
@@ -212,6 +212,10 @@ class Controller:
         Args:
             global_batch: The new ``B``.
             plan: Its plan, summing to ``global_batch`` within the bounds.
+            guess: ``plan`` is the model's extrapolation to sizes it has not run (a new
+                batch's trial), not a measured state: as for the initial plan, its first
+                window is judged as a cold start's (one window, or an early look, is enough
+                to propose a split). False for a plan measured before (a rollback).
 
         Raises:
             ValueError: If the plan is malformed or breaks the bounds, or ``B`` exceeds the
@@ -224,7 +228,7 @@ class Controller:
         if not self.bounds.holds(new_plan, global_batch):
             raise ValueError(f"plan {new_plan} breaks the size bounds")
         self.bounds.arrays(global_batch, self.world_size)  # raises if no plan fits
-        self._restart(new_plan, int(global_batch))
+        self._restart(new_plan, int(global_batch), guess)
 
     def decline(self) -> None:
         """Tell the controller that its last plan will not be applied.
@@ -317,7 +321,9 @@ class Controller:
         state.recent = [*state.recent, window.times.tolist()][-settings.persistence :]
         state.before = [*state.before, window.step_max.tolist()][-keep:]
         # The initial plan is a guess, not a measured state: at cold start one window counts.
-        cold = state.reference is None and state.windows_seen == 1
+        # So is a new global batch's plan, extrapolated to sizes the model has not run.
+        cold = (state.reference is None and state.windows_seen == 1) or state.guess
+        state.guess = False
         flagged, why = triggered(
             [np.asarray(w) for w in state.recent],
             imbalance,
@@ -354,9 +360,9 @@ class Controller:
             "hold", None, "plan set outside the controller: adopted as the plan in force"
         )
 
-    def _restart(self, plan: Plan, global_batch: int | None = None) -> None:
+    def _restart(self, plan: Plan, global_batch: int | None = None, guess: bool = False) -> None:
         """Put ``plan`` in force, steady, with no change in flight (the model keeps all)."""
-        self._state.restart(plan, global_batch)
+        self._state.restart(plan, global_batch, guess)
         self._looks.clear()
 
     def _violates_bounds(self, plan: Plan) -> bool:

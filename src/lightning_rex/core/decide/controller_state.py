@@ -58,6 +58,10 @@ class ControllerState:
         floors: ``[rank, size, seconds]`` from rolled-back plans: the rank (or one of its
             device group) took about that long there, so the planner predicts it no faster
             from that size up (until its speed changes).
+
+        guess: The plan in force is a guess no window has measured (a new global batch's
+            plan, extrapolated by the rank model to sizes it has not run): as the initial
+            plan's, its first window is judged as a cold start's.
     """
 
     global_batch: int
@@ -79,14 +83,16 @@ class ControllerState:
     windows_seen: int = 0
     shape_cost_s: float = 0.0
     floors: list[list[float]] = field(default_factory=list)
+    guess: bool = False
 
     # ------------------------------------------------------------------ transitions
-    def restart(self, plan: Plan, global_batch: int | None = None) -> None:
+    def restart(self, plan: Plan, global_batch: int | None = None, guess: bool = False) -> None:
         """Put ``plan`` in force, steady, with no change in flight; the evidence is dropped.
 
         Args:
             plan: The plan now in force.
             global_batch: Its global batch, when it moves (global batch scaling).
+            guess: The plan is a guess no window has measured (:attr:`guess`).
         """
         if global_batch is not None:
             self.global_batch = int(global_batch)
@@ -95,6 +101,7 @@ class ControllerState:
         self.predicted, self.baseline, self.reference = None, None, None
         self.trial, self.changed, self.rolled_back = [], False, False
         self.recent, self.before = [], []
+        self.guess = guess
 
     def propose(self, plan: Plan, predicted: float, baseline: list[float]) -> None:
         """A new plan goes out: validate it against ``baseline``."""
@@ -280,6 +287,7 @@ class ControllerState:
             "changed": self.changed,
             "shape_cost_s": self.shape_cost_s,
             "floors": self.floors,
+            "guess": self.guess,
         }
 
     @classmethod
@@ -312,4 +320,5 @@ class ControllerState:
             windows_seen=s["windows_seen"],
             shape_cost_s=s["shape_cost_s"],
             floors=s["floors"],
+            guess=s["guess"],
         )

@@ -263,7 +263,7 @@ def closes_early(
             confidence=confidence,
         )
         return verdict.non_inferior or verdict.lower > verdict.bound
-    cold = state.reference is None and state.windows_seen == 0
+    cold = (state.reference is None and state.windows_seen == 0) or state.guess
     need = 1 if cold else settings.persistence
     # with more than one window needed, half a window first: a straggler shorter than
     # about (persistence - 1/2) windows is never acted on early

@@ -89,6 +89,7 @@ def check_controller_state(
     out["changed"] = flag(d.get("changed", False), f"{name}.changed")
     out["trial"] = _rows(d.get("trial", []), f"{name}.trial")
     out["rolled_back"] = flag(d.get("rolled_back", False), f"{name}.rolled_back")
+    out["guess"] = flag(d.get("guess", False), f"{name}.guess")
     out["shape_cost_s"] = real(d.get("shape_cost_s", 0.0), f"{name}.shape_cost_s")
     if out["shape_cost_s"] < 0:
         raise StateError(f"{name}.shape_cost_s", f"must be seconds >= 0, got {out['shape_cost_s']}")

@@ -25,7 +25,10 @@ off (10-24% slower than the best split on the simulator's 64-rank presets): a tr
 the batch would then be measured as a loss and rolled back. Once per trial, after the rank
 model has taken a window at the new sizes, the trial is re-split when the model predicts the
 best plan for the new batch ``min_gain`` faster than the trial's plan (``propose``), and the
-trial restarts on the new plan (:meth:`ScalingDecider._trial_resplit`).
+trial restarts on the new plan (:meth:`ScalingDecider._trial_resplit`). The new batch's plan
+is handed to the controller as a guess (``set_global_batch(..., guess=True)``): as for the
+initial plan, its first window (or a clear early look) is enough, so the rank model takes the
+new sizes after 10-20 steps, not a whole window.
 
 Per-step gradient norms reach the scaler through :meth:`ScalingDecider.add_gradient_norms`,
 from the training thread, while windows may be decided in the loop's background thread. The
@@ -284,7 +287,7 @@ class ScalingDecider:
             self.controller.decline()
         old_plan = self.controller.plan
         try:
-            self.controller.set_global_batch(new, plan)
+            self.controller.set_global_batch(new, plan, guess=True)
         except ValueError:
             return hold(f"global batch {batch} -> {new}: out of bounds") if resplit else decision
         # (so that the new batch is kept only if it beats the old one split as proposed)

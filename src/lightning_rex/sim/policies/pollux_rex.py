@@ -184,7 +184,7 @@ class _PolluxRexDecider:
         if decision.kind != "hold":
             c.decline()  # the batch comes first, with a split of its own
         try:
-            c.set_global_batch(want, plan)
+            c.set_global_batch(want, plan, guess=True)
         except ValueError as err:
             self.policy.pending = None  # the agent chooses again at its next period
             return self._hold(window, f"global batch {old} -> {want}: {err}")
