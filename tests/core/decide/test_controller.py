@@ -515,6 +515,26 @@ def test_a_new_batchs_extrapolated_plan_is_a_guess_judged_as_a_cold_start(looks)
     assert first[False].kind == "hold"
 
 
+def test_a_guess_is_spent_by_its_first_window_whatever_is_decided_on_it():
+    rng = np.random.default_rng(3)
+    c = Controller(512, 4, seed=0, max_global_batch=2048)
+    drive(c, rng, 4)
+    plan, _ = c.predict_step_time(1024)
+    c.set_global_batch(1024, plan, guess=True)
+    # a checkpoint from before the flag loads as a measured plan
+    state = json.loads(json.dumps(c.state_dict()))
+    del state["guess"]
+    old = Controller(512, 4, seed=0, max_global_batch=2048)
+    old.load_state_dict(state)
+    assert not old.state_dict()["guess"]
+    # caps measured before its first window: that window proposes a plan within them, and
+    # the plan accepted after it is a measured one, judged by persistence
+    c.set_bounds(1, [plan[0] - 8, None, None, None])
+    d = c.observe(window(plan, rng, 400))
+    assert d.kind == "propose" and "bounds" in d.reason
+    assert not c.state_dict()["guess"]
+
+
 def tile_truth(plan):
     """Ranks 0-1 pad their batch to tiles of 32 samples (3000 samples/s); ranks 2-3 are
     affine and slower (800 samples/s). The best plan, (96, 96, 32, 32), puts the fast ranks

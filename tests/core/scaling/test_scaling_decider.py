@@ -322,3 +322,39 @@ def test_a_declined_re_split_keeps_the_trial_on_its_plan():
     (d,) = run(dec, rng, 1)  # measured on, under the plan in force
     assert d.kind != "propose" or "re-split" not in d.reason
     assert dec._trial or d.kind in ("accept", "rollback")
+
+
+def _looks_to_resplit(guess: bool) -> int | None:
+    """Segments (10 steps each) of a trial before it is re-split: the trial runs the model's
+    own best plan for the new batch, but there rank 3 is twice as slow as extrapolated."""
+    rng = np.random.default_rng(0)
+    dec = make(window=WindowSpec(30, 3))
+    new = _to_a_trial_on(dec, rng, lambda batch: dec.controller.predict_step_time(batch)[0])
+    dec.controller.set_global_batch(new, dec.plan, guess=guess)
+    slow = np.array([1.0, 1.0, 1.0, 2.0])[:, None]
+    step = 10_000
+    for look in range(1, 4):
+        feed(dec, rng, 10)
+        d = dec.observe(Window(times(dec.plan, rng, 10) * slow, dec.plan, step, step + 10))
+        step += 10
+        if "re-split" in d.reason:
+            assert dec.global_batch == new and not dec.controller.state_dict()["guess"]
+            return look
+        assert d.kind == "hold", d.reason  # a cold start's proposal is declined in a trial
+    return None
+
+
+def test_a_new_batchs_first_plan_is_a_guess_re_split_at_an_early_look():
+    # the decider hands the controller a new batch's plan as a guess
+    rng = np.random.default_rng(0)
+    dec = make()
+    for _ in range(20):
+        (d,) = run(dec, rng, 1)
+        if d.kind == "propose" and "global batch" in d.reason:
+            break
+    assert dec.global_batch != B0 and dec.controller.state_dict()["guess"]
+    # as a guess, a first plan the model got wrong is re-split at a look before the whole
+    # window; a measured plan's new sizes would wait for the window
+    early = _looks_to_resplit(guess=True)
+    assert early is not None and early < 3
+    assert _looks_to_resplit(guess=False) in (3, None)

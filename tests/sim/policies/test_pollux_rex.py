@@ -29,6 +29,7 @@ def test_the_agent_s_batch_is_split_by_the_controller(monkeypatch: pytest.Monkey
     picks: list[int] = []
     predicted: dict[int, list[tuple[int, ...]]] = {}
     moves: list[tuple[int, tuple[int, ...]]] = []
+    new_batch_guess: list[bool] = []
     choose = PolluxPolicy.choose
     predict = Controller.predict_step_time
     move = Controller.set_global_batch
@@ -46,6 +47,8 @@ def test_the_agent_s_batch_is_split_by_the_controller(monkeypatch: pytest.Monkey
 
     def spy_move(self: Controller, batch: int, plan: tuple[int, ...], guess: bool = False) -> None:
         moves.append((batch, tuple(plan)))
+        if batch != self.global_batch:
+            new_batch_guess.append(guess)
         move(self, batch, plan, guess)
 
     monkeypatch.setattr(PolluxPolicy, "choose", spy_choose)
@@ -58,6 +61,8 @@ def test_the_agent_s_batch_is_split_by_the_controller(monkeypatch: pytest.Monkey
     assert set(moved) <= set(picks)
     assert moves and all(plan in predicted[batch] for batch, plan in moves)
     assert set(moved) <= {batch for batch, _ in moves}
+    # a new batch's plan goes to the controller as a guess, as rex's trials do
+    assert new_batch_guess and all(new_batch_guess)
     # and the split is uneven on this mixed cluster (the even split is Pollux's own)
     final = moves[-1][1]
     assert max(final) - min(final) > 1

@@ -213,9 +213,10 @@ class Controller:
             global_batch: The new ``B``.
             plan: Its plan, summing to ``global_batch`` within the bounds.
             guess: ``plan`` is the model's extrapolation to sizes it has not run (a new
-                batch's trial), not a measured state: as for the initial plan, its first
+                batch's first plan), not a measured state: as for the initial plan, its first
                 window is judged as a cold start's (one window, or an early look, is enough
-                to propose a split). False for a plan measured before (a rollback).
+                to propose a split). False for a plan measured before (a rollback), and for a
+                trial's re-split, planned on the sizes the trial has just run.
 
         Raises:
             ValueError: If the plan is malformed or breaks the bounds, or ``B`` exceeds the
@@ -315,15 +316,16 @@ class Controller:
         state.back_in_force(window.plan)
         if window.plan != state.plan:
             return self._adopt(evidence)
+        # The initial plan is a guess, not a measured state: at cold start one window counts.
+        # So is a new global batch's plan, extrapolated to sizes the model has not run; this
+        # window measures it, whatever is decided on it.
+        cold = (state.reference is None and state.windows_seen == 1) or state.guess
+        state.guess = False
         if self._violates_bounds(state.plan):
             return self._propose(evidence, "the plan in force breaks the size bounds", force=True)
         keep = settings.persistence + BASELINE_WINDOWS
         state.recent = [*state.recent, window.times.tolist()][-settings.persistence :]
         state.before = [*state.before, window.step_max.tolist()][-keep:]
-        # The initial plan is a guess, not a measured state: at cold start one window counts.
-        # So is a new global batch's plan, extrapolated to sizes the model has not run.
-        cold = (state.reference is None and state.windows_seen == 1) or state.guess
-        state.guess = False
         flagged, why = triggered(
             [np.asarray(w) for w in state.recent],
             imbalance,

@@ -109,6 +109,7 @@ class ControllerState:
         self.previous, self.pending, self.plan = self.plan, plan, plan
         self.predicted = predicted
         self.phase = "validating"
+        self.guess = False
         self.recent, self.before, self.changed, self.trial = [], [], False, []
 
     def roll_back(self) -> Plan:

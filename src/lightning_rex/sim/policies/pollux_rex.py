@@ -167,11 +167,15 @@ class _PolluxRexDecider:
         self._move = None  # measured: the move landed
         if self._trial_left > 0:  # a new batch's trial (rex's length), on its first plan
             self._trial_left -= int(window.step_max.size)
-            if decision.kind == "hold":
-                resplit = self._resplit(window, measured)
-                if resplit is not None:
-                    self._trial_left = 0
-                    return resplit
+            if decision.kind != "hold":
+                # as in rex's trials: the controller's own re-split of the first plan (its
+                # cold start's, on the guess) gives way to the one re-split below
+                c.decline()
+                decision = self._hold(window, f"{decision.reason}: declined in the trial")
+            resplit = self._resplit(window, measured)
+            if resplit is not None:
+                self._trial_left = 0
+                return resplit
             return decision
         want, old = self.policy.pending, c.global_batch
         if want is None or want == old or decision.kind == "rollback":
