@@ -263,15 +263,20 @@ def test_a_large_batch_gain_goes_before_a_resplit_of_the_old_batch(seed):
     assert dec.global_batch == B0 and dec.controller.phase == "steady" and sum(dec.plan) == B0
 
 
-def _to_a_trial_on(dec, rng, plan_of):
-    """Run to a new batch's proposal, then force the trial onto ``plan_of(batch)``."""
+def _to_a_new_batch(dec, rng):
+    """Run to a new batch's proposal (at most 20 windows); its decision."""
     for _ in range(20):
         (d,) = run(dec, rng, 1)
         if d.kind == "propose" and "global batch" in d.reason:
-            new = sum(d.plan)
-            dec.controller.set_global_batch(new, plan_of(new))
-            return new
+            return d
     pytest.fail("no change of the global batch")
+
+
+def _to_a_trial_on(dec, rng, plan_of):
+    """Run to a new batch's proposal, then force the trial onto ``plan_of(batch)``."""
+    new = sum(_to_a_new_batch(dec, rng).plan)
+    dec.controller.set_global_batch(new, plan_of(new))
+    return new
 
 
 def _even(batch):
@@ -346,12 +351,8 @@ def _looks_to_resplit(guess: bool) -> int | None:
 
 def test_a_new_batchs_first_plan_is_a_guess_re_split_at_an_early_look():
     # the decider hands the controller a new batch's plan as a guess
-    rng = np.random.default_rng(0)
     dec = make()
-    for _ in range(20):
-        (d,) = run(dec, rng, 1)
-        if d.kind == "propose" and "global batch" in d.reason:
-            break
+    _to_a_new_batch(dec, np.random.default_rng(0))
     assert dec.global_batch != B0 and dec.controller.state_dict()["guess"]
     # as a guess, a first plan the model got wrong is re-split at a look before the whole
     # window; a measured plan's new sizes would wait for the window
