@@ -58,7 +58,6 @@ class ControllerState:
         floors: ``[rank, size, seconds]`` from rolled-back plans: the rank (or one of its
             device group) took about that long there, so the planner predicts it no faster
             from that size up (until its speed changes).
-
         guess: The plan in force is a guess no window has measured (a new global batch's
             plan, extrapolated by the rank model to sizes it has not run): as the initial
             plan's, its first window is judged as a cold start's.
