@@ -192,11 +192,6 @@ def hindsight_batch(s: Scenario, limit: LimitCurve | None = None) -> tuple[int, 
     workload = _workload(s)
     curve = limit_curve(s) if limit is None else limit
     grid, step_s = curve.batches, curve.step_s
-    trace_progress = np.array([r[0] for r in workload.trace])
-    grad_sqrs, grad_vars = (
-        np.array([r[1] for r in workload.trace]),
-        np.array([r[2] for r in workload.trace]),
-    )
     progress = np.zeros(grid.size)
     steps = np.zeros(grid.size, dtype=np.int64)
     batches = grid.astype(np.float64)
@@ -204,11 +199,9 @@ def hindsight_batch(s: Scenario, limit: LimitCurve | None = None) -> tuple[int, 
         live = progress < workload.target_progress
         if not live.any():
             break
-        phi = np.interp(progress, trace_progress, grad_vars) / np.interp(
-            progress, trace_progress, grad_sqrs
-        )
+        phi = workload.noise_scales(progress)
         progress = np.where(
-            live, progress + batches * (phi + workload.b0) / (phi + batches), progress
+            live, progress + batches * workload.efficiency_at(batches, phi), progress
         )
         steps += live
     done = progress >= workload.target_progress

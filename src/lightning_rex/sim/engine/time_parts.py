@@ -80,9 +80,7 @@ class LimitCurve:
         Returns:
             ``max_B B E(B) / t(B)``.
         """
-        phi = workload.noise_scale(progress)
-        b = self.batches.astype(np.float64)
-        return float(np.max(b * (phi + workload.b0) / (phi + b) / self.step_s))
+        return float(np.max(workload.goodput(self.batches, self.step_s, progress)))
 
 
 def _segments(sizes: np.ndarray) -> list[tuple[int, int, int]]:

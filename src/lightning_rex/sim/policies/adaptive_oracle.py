@@ -91,9 +91,7 @@ class AdaptiveOraclePolicy(PolicyBase):
         Returns:
             Shape ``(len(batches),)``.
         """
-        phi = self.workload.noise_scale(progress)
-        batches = self.batches.astype(np.float64)
-        return batches * (phi + self.workload.b0) / (phi + batches) / self.step_s
+        return self.workload.goodput(self.batches, self.step_s, progress)
 
     def _best(self) -> int:
         return int(np.argmax(self.goodput(self.progress)))

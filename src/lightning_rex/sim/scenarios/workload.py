@@ -32,6 +32,7 @@ hold.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,10 +89,54 @@ class Workload:
         grad_sqr, grad_var = self.stats(progress)
         return grad_var / grad_sqr
 
+    @functools.cached_property
+    def _rows(self) -> np.ndarray:
+        """The trace as an array, shape ``(rows, 3)``."""
+        return np.asarray(self.trace, dtype=np.float64)
+
+    def noise_scales(self, progress: np.ndarray) -> np.ndarray:
+        """:meth:`noise_scale` at every element of ``progress``.
+
+        Args:
+            progress: Samples of progress at ``b0``, any shape.
+
+        Returns:
+            ``phi`` of the same shape.
+        """
+        rows = self._rows
+        return np.interp(progress, rows[:, 0], rows[:, 2]) / np.interp(
+            progress, rows[:, 0], rows[:, 1]
+        )
+
     def efficiency(self, batch: float, progress: float) -> float:
         """Progress per sample at ``batch`` relative to ``b0``: ``(phi + b0) / (phi + B)``."""
-        phi = self.noise_scale(progress)
-        return (phi + self.b0) / (phi + batch)
+        return float(self.efficiency_at(batch, self.noise_scale(progress)))
+
+    def efficiency_at(self, batch: float | np.ndarray, phi: float | np.ndarray) -> np.ndarray:
+        """``(phi + b0) / (phi + B)`` (Pollux, eq. 4), elementwise: the one formula of it.
+
+        Args:
+            batch: Global batches ``B``.
+            phi: Noise scales, one or one per batch.
+
+        Returns:
+            The efficiencies, shaped as ``batch`` and ``phi`` broadcast (0-d for scalars).
+        """
+        return np.asarray((phi + self.b0) / (phi + batch))
+
+    def goodput(self, batches: np.ndarray, step_s: np.ndarray, progress: float) -> np.ndarray:
+        """Progress per second of each global batch at ``progress``: ``B E(B) / T(B)``.
+
+        Args:
+            batches: Global batches.
+            step_s: Each one's step time, seconds.
+            progress: The progress reached.
+
+        Returns:
+            Shape of ``batches``.
+        """
+        b = np.asarray(batches, dtype=np.float64)
+        return b * self.efficiency_at(b, self.noise_scale(progress)) / step_s
 
     def step_progress(self, batch: float, progress: float) -> float:
         """Samples of progress one step at ``batch`` makes from ``progress``."""
