@@ -79,10 +79,16 @@ class Workload:
         Returns:
             ``|G|^2`` and ``tr(Sigma)``.
         """
-        progresses = [r[0] for r in self.trace]
-        grad_sqr = float(np.interp(progress, progresses, [r[1] for r in self.trace]))
-        grad_var = float(np.interp(progress, progresses, [r[2] for r in self.trace]))
-        return grad_sqr, grad_var
+        grad_sqr, grad_var = self._interp(progress)
+        return float(grad_sqr), float(grad_var)
+
+    def _interp(self, progress: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(grad_sqr, grad_var)`` at every element of ``progress``: the one interpolation."""
+        rows = self._rows
+        return (
+            np.interp(progress, rows[:, 0], rows[:, 1]),
+            np.interp(progress, rows[:, 0], rows[:, 2]),
+        )
 
     def noise_scale(self, progress: float) -> float:
         """``phi = tr(Sigma) / |G|^2`` at ``progress``."""
@@ -103,10 +109,8 @@ class Workload:
         Returns:
             ``phi`` of the same shape.
         """
-        rows = self._rows
-        return np.interp(progress, rows[:, 0], rows[:, 2]) / np.interp(
-            progress, rows[:, 0], rows[:, 1]
-        )
+        grad_sqr, grad_var = self._interp(progress)
+        return grad_var / grad_sqr
 
     def efficiency(self, batch: float, progress: float) -> float:
         """Progress per sample at ``batch`` relative to ``b0``: ``(phi + b0) / (phi + B)``."""
