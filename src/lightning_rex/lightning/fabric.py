@@ -310,7 +310,7 @@ class RexLoop:
             with contextlib.nullcontext() if last else self._unsynced():
                 yield chunk
         if self.emulator is not None:
-            self.emulator.after_backward()
+            self.emulator.step_end()
         self.timer.stop()
 
     def _batch_index(self) -> int:

@@ -2,28 +2,51 @@
 
 The wall time of a synchronous step is the same on every rank (the all-reduce makes the fast
 ranks wait for the slowest), so it carries no signal. What differs is how long each rank
-computes: from the start of its step until its *last local gradient is ready*. The timer
-marks the start in ``on_train_batch_start`` and the end in a post-accumulate-grad hook on
-every parameter: the hook that fires last in a backward pass marks the end. DDP launches its
-bucket all-reduces asynchronously from the same autograd pass, so waiting on peers (which
-happens when DDP finalises the backward) is not included.
+computes. What is measured, per micro-batch:
 
-On CUDA, start and end are CUDA events recorded on the current stream, never host clocks
-around asynchronous kernels; the elapsed times are read once per window, when the events
-have long completed, so timing adds no synchronisation to the step. On other devices the
-host's ``perf_counter`` is exact because the work is synchronous.
+* **the span**: from ``on_train_batch_start`` to the end of its last backward pass, marked by
+  an autograd final callback that the first gradient of each backward pass queues (so a
+  parameter that gets no gradient, an unused head with ``find_unused_parameters=True``, a
+  frozen layer or an untaken branch, changes nothing); a micro-batch with no backward ends
+  at ``on_train_batch_end``;
+* **minus every wait on a peer inside the span**:
+  - every ``torch.distributed`` collective the step calls, from entry to return
+    (:mod:`lightning_rex.measure.collectives`): ``self.log(..., sync_dist=True)``,
+    ``self.all_gather``, torchmetrics syncing on step, ``SyncBatchNorm``'s forward and
+    backward, a user's ``all_reduce`` in the loss, also when recomputed by activation
+    checkpointing;
+  - DDP's wait for its gradient buckets at the end of a backward pass that is not the last
+    of the micro-batch (manual optimization with several backward passes): a second final
+    callback, queued by the first, runs after DDP's and closes that wait.
 
-With gradient accumulation a step's sample is the sum over its micro-batches.
+DDP launches its bucket all-reduces asynchronously during the backward and waits for them
+only when it finalises the backward, after the span's end, so that wait is never counted.
+What is left out on every rank alike: the optimizer step, the data fetch, Lightning's loop
+outside the hooks; what is left in: the forward, the loss, the backward, and the launch of
+each collective (its transfer, the same on every rank). So the ranks' ratios, which the plan
+depends on, are the ratios of their devices' compute.
+
+With gradient accumulation a step's sample is the sum over its micro-batches. On CUDA every
+mark is a CUDA event recorded on the current stream, never a host clock around asynchronous
+kernels and never a synchronisation: a collective's events bracket its kernels on the stream
+(the stream waits for NCCL's at a blocking collective), and the elapsed times are read once
+per window, when the events have long completed. On other devices the host's
+``perf_counter`` is exact because the work is synchronous.
+
+Not separable, and said once (a ``RuntimeWarning`` naming the cause and the fix): an
+asynchronous collective (``async_op=True``) waited on inside the step, and a collective the
+wrappers cannot see (bound at import, or issued from C++ or a functional collective); the
+second shows only as the ranks' times moving together, which the driver's windows report.
 
 A sharded model (FSDP2) synchronises at every layer: each unit all-gathers its parameters
 before its forward and its backward, so the time to the last gradient holds every wait on
 the slowest rank and is the same on every rank. For such a model (:meth:`ComputeTimer.attach_to`
 finds FSDP units in it) the timer instead sums the windows of the *leaf computations*: every
 module with parameters of its own, from its forward pre-hook to its forward hook and from the
-gradient of its output to the gradient of its input. The collectives and their waits run in
-the units' own hooks, outside those windows. What runs between leaves (activations, attention's
-functional part) is left out on every rank alike, so the ranks' ratios, which the plan
-depends on, are kept.
+gradient of its output to the gradient of its input, less any collective inside them. The
+units' collectives and their waits run in the units' own hooks, outside those windows. What
+runs between leaves (activations, attention's functional part) is left out on every rank
+alike, so the ranks' ratios are kept.
 """
 
 from __future__ import annotations
@@ -35,6 +58,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.autograd import Variable
+
+from lightning_rex.measure import collectives
 
 __all__ = ["ComputeTimer"]
 
@@ -50,21 +76,23 @@ class ComputeTimer:
         self.device = device
         self.use_cuda_events = device.type == "cuda"
         self._handles: list[Any] = []
-        self._n_params = 0
-        self._fired = 0
+        self._listening = False
         self._start: Any = None
-        self._end: Any = None
-        self._host_start = 0.0
-        self._host_end = 0.0
-        self._micro: list[tuple[Any, Any]] = []  # finished micro-batches of the current step
+        self._end: Any = None  # the end of the micro-batch's last backward pass so far
+        self._waits: list[tuple[Any, Any]] = []  # waits on peers inside the span so far
+        self._pending: list[tuple[Any, Any]] = []  # waits not yet known to be inside it
+        self._entered: Any = None  # the open collective's start
+        self._queued_task = -2  # the backward pass whose end is queued
+        self._micro: list[tuple[Any, Any, list[tuple[Any, Any]]]] = []  # finished micro-batches
         self._segments = False  # timing leaf computations (a sharded model)
         self._seg_start: Any = None
         self._depth = 0  # leaf windows open now
         self._inputs: list[Any] = []  # the inputs of the leaves whose forward is running
+        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ hooks
     def attach(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Hook every trainable parameter's gradient accumulation.
+        """Hook every trainable parameter's gradient accumulation, and the collectives.
 
         Args:
             parameters: The module's parameters.
@@ -73,7 +101,7 @@ class ComputeTimer:
         for param in parameters:
             if param.requires_grad:
                 self._handles.append(param.register_post_accumulate_grad_hook(self._grad_ready))
-                self._n_params += 1
+        self._listen()
 
     def attach_to(self, module: torch.nn.Module) -> None:
         """Hook a module: its leaf computations when it is sharded (FSDP2), else its gradients.
@@ -109,8 +137,9 @@ class ComputeTimer:
         Forward: from a leaf's forward pre-hook to its forward hook. Backward: from the
         gradient of its output (a tensor hook) to the gradient of its input, when its input
         needs one. Overlapping windows count once (their union), so a rank's sample is the
-        time some leaf of it was computing. Only tensor hooks are used in backward (a full
-        backward hook would hand FSDP views of the units' outputs).
+        time some leaf of it was computing, less the collectives inside those windows. Only
+        tensor hooks are used in backward (a full backward hook would hand FSDP views of the
+        units' outputs).
 
         Args:
             module: The model.
@@ -123,6 +152,12 @@ class ComputeTimer:
                     submodule.register_forward_pre_hook(self._leaf_pre),
                     submodule.register_forward_hook(self._leaf_post),
                 ]
+        self._listen()
+
+    def _listen(self) -> None:
+        if not self._listening:
+            collectives.add_listener(self)
+            self._listening = True
 
     def _leaf_pre(self, _: Any, args: tuple[Any, ...]) -> None:
         self._open()
@@ -148,15 +183,18 @@ class ComputeTimer:
             return
         self._depth -= 1
         if self._depth == 0:
-            self._micro.append((self._seg_start, self._stamp()))
+            waits, self._waits = self._waits, []
+            self._micro.append((self._seg_start, self._stamp(), waits))
 
     def detach(self) -> None:
-        """Remove the hooks."""
+        """Remove the hooks and stop listening to collectives."""
         self._segments = False
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._n_params = 0
+        if self._listening:
+            collectives.remove_listener(self)
+            self._listening = False
 
     def _stamp(self) -> Any:
         if self.use_cuda_events:
@@ -165,16 +203,73 @@ class ComputeTimer:
             return event
         return time.perf_counter()
 
+    # ------------------------------------------------------------------ collectives
+    def collective_entered(self) -> None:
+        """A collective starts: mark it, when a micro-batch is being timed."""
+        if self._start is not None and (not self._segments or self._depth > 0):
+            self._entered = self._stamp()
+
+    def collective_left(self) -> None:
+        """A collective returned: its span is a wait, not compute."""
+        if self._entered is not None and self._start is not None:
+            wait = (self._entered, self._stamp())
+            (self._waits if self._segments else self._pending).append(wait)
+        self._entered = None
+
+    def collective_unseen(self, name: str, why: str) -> None:
+        """Warn once that a collective in the step is timed as compute.
+
+        Args:
+            name: The ``torch.distributed`` function.
+            why: Why its wait cannot be timed.
+        """
+        if self._start is None or name in self._warned:
+            return
+        self._warned.add(name)
+        warnings.warn(
+            f"lightning-rex: torch.distributed.{name} ran inside a training step, and {why}: "
+            "whatever this rank waits for it on its peers is timed as its compute, so a slow "
+            "rank can make the fast ones look as slow and the plan stay even. Wait on it "
+            "before the step ends with a blocking call (async_op=False), or move it out of "
+            "training_step (on_train_batch_end, or an epoch-level hook).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    # ------------------------------------------------------------------ backward
     def _grad_ready(self, _: torch.Tensor) -> None:
-        self._fired += 1
-        if self._fired % self._n_params == 0:  # the last local gradient of this backward (pass)
-            self._end = self._stamp()
+        self._waits += self._pending  # a backward goes on: the waits before it are inside
+        self._pending = []
+        if self._start is None:
+            return
+        task = torch._C._current_graph_task_id()
+        if task != self._queued_task:  # the first gradient of this backward pass
+            self._queued_task = task
+            try:
+                Variable._execution_engine.queue_callback(self._backward_done)
+            except RuntimeError:  # pragma: no cover - not inside the autograd engine
+                self._end = self._stamp()
+
+    def _backward_done(self) -> None:
+        """The backward pass is over (before DDP finalises it): the span ends here, so far."""
+        self._queued_task = -2
+        self._waits += self._pending
+        self._pending = []
+        self._end = self._stamp()
+        if self._start is not None:
+            Variable._execution_engine.queue_callback(self._ddp_waited)
+
+    def _ddp_waited(self) -> None:
+        """After DDP's finalisation: its wait on the buckets is a wait, if a backward follows."""
+        if self._start is not None and self._end is not None:
+            self._pending.append((self._end, self._stamp()))
 
     # ------------------------------------------------------------------ per micro-batch
     def start(self) -> None:
         """Mark the start of a micro-batch's compute (call in ``on_train_batch_start``)."""
-        self._fired = 0
-        self._end = None
+        self._end = self._entered = None
+        self._waits, self._pending = [], []
+        self._queued_task = -2
         self._depth = 0
         self._inputs.clear()
         self._start = self._stamp()
@@ -182,21 +277,24 @@ class ComputeTimer:
     def stop(self) -> None:
         """Close the micro-batch (call in ``on_train_batch_end``).
 
-        If some parameters got no gradient (unused parameters), the end is taken now.
+        A micro-batch without a backward pass ends now, with every wait so far inside it.
         """
         if self._start is None:
             return
         if not self._segments:
-            end = self._end if self._end is not None else self._stamp()
-            self._micro.append((self._start, end))
-        self._start = self._seg_start = None
+            if self._end is None:
+                self._end = self._stamp()
+                self._waits += self._pending
+            self._micro.append((self._start, self._end, self._waits))
+        self._start = self._seg_start = self._end = self._entered = None
+        self._waits, self._pending = [], []
         self._depth = 0
 
     def take_step(self) -> Any:
         """Close the optimizer step and return its pending measurement.
 
         Returns:
-            An opaque handle for :meth:`resolve`: the micro-batch (start, end) pairs.
+            An opaque handle for :meth:`resolve`: each micro-batch's (start, end, waits).
         """
         micro, self._micro = self._micro, []
         return micro
@@ -228,11 +326,14 @@ class ComputeTimer:
                 out.append(float(micro))
                 continue
             total = 0.0
-            for start, end in micro:
-                if self.use_cuda_events:
-                    end.synchronize()
-                    total += start.elapsed_time(end) / 1000.0
-                else:
-                    total += end - start
-            out.append(total)
+            for start, end, waits in micro:
+                total += self._elapsed(start, end)
+                total -= sum(self._elapsed(a, b) for a, b in waits)
+            out.append(max(total, 0.0))
         return out
+
+    def _elapsed(self, start: Any, end: Any) -> float:
+        if self.use_cuda_events:
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1000.0
+        return float(end - start)

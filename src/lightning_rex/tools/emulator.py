@@ -1,17 +1,34 @@
 """``HeterogeneityEmulator``: make ranks of one machine behave like slower GPUs.
 
 A rank with slowdown ``f`` must take ``f`` times its real compute time per step, and the
-extra time must sit *inside* its compute phase, before the all-reduce has its gradients, so
-that it delays the all-reduce exactly as a slower GPU would, and it must scale with the step's
-own work (a smaller micro-batch gets a shorter delay). The emulator therefore sleeps when the
-backward has computed the step's last gradient, in a hook on that gradient, which runs before
-the gradient is accumulated, so before DDP's reducer is told it is ready and before any
-post-accumulate hook (a ``RexCallback`` takes its compute time from those, in whichever order
-the callbacks come): it sleeps until the compute phase (from the batch's start) has lasted
-``f x headroom`` times the step's work, forward and backward, both measured. Sleeping frees
-the CPU core, like an idle host waiting on a slow device. A step whose backward leaves some
-parameter without a gradient sleeps after the backward instead (the same step time; the
-all-reduce ran before it).
+extra time must sit where a slower GPU's would: *in every computation of the step*, forward
+and backward, so that a peer meets the slow rank late at every collective the step holds (a
+``self.log(..., sync_dist=True)``, an ``all_gather`` in the loss, a synchronised batch norm),
+not only at the gradient all-reduce; and it must scale with the step's own work (a smaller
+micro-batch gets a shorter delay). The emulator therefore keeps a running account of the
+step's compute so far (from the batch's start, less the time inside collectives) and, at
+every point where a peer could see how far the rank has got, sleeps until that compute has
+lasted ``f x headroom`` times its work:
+
+* before every ``torch.distributed`` collective the step calls
+  (:mod:`lightning_rex.measure.collectives`; the emulator is told before the compute timer,
+  so the delay is compute, not a wait); the time inside the collective is neither work nor
+  compute;
+* at the backward's last gradient, in a hook that runs before the gradient is accumulated,
+  so before DDP's reducer is told it is ready (its last bucket's all-reduce waits for the
+  delay) and before the hook that ends a ``RexCallback``'s compute time. The last gradient is
+  the one that completes the count of the previous backward pass, which leaves out the
+  parameters that got no gradient;
+* at the end of every backward pass (an autograd final callback, queued before DDP's
+  finalisation and before the compute timer's end), which settles what is left, also when a
+  parameter that had a gradient before gets none.
+
+So every stretch of computation between two points where the rank meets its peers, forward
+or backward, lasts ``f x headroom`` times its work, as on a device that slow; where inside
+that stretch the delay sits no peer can see. Sleeping frees the CPU core, like an idle host
+waiting on a slow device; it sleeps at those few points only, since a thread that sleeps
+often inside its computation comes back to cold caches and computes slower (sleeping at
+every module's forward made a 3x rank measure 3.6x here).
 
 The work is the rank's CPU time where it computes on the CPU with one thread: time the rank
 spends descheduled, because another process shares its core, is not work, so that load does
@@ -31,6 +48,7 @@ the headroom that would absorb it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import time
 import warnings
@@ -42,6 +60,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
+from torch.autograd import Variable
+
+from lightning_rex.measure import collectives
 
 __all__ = ["EmulatedEvent", "HeterogeneityEmulator"]
 
@@ -171,9 +192,13 @@ class HeterogeneityEmulator(Callback):
         self._t_start = 0.0
         self._work_start = 0.0
         self._target = 1.0  # slowdown x headroom of the step in progress
-        self._grads = 0  # gradients accumulated in this step's backward
-        self._expected = 0  # gradients a backward accumulates: the last one sleeps
-        self._slept = True
+        self._in_step = False  # between a step's start and its end
+        self._queued_task = -2  # the backward pass whose end is queued
+        self._grads = 0  # gradients of this backward pass so far
+        self._expected = 0  # gradients the last backward pass had: the last one sleeps
+        self._coll_wall = self._coll_work = 0.0  # this step's time inside collectives
+        self._coll_at = (0.0, 0.0)  # the open collective's entry (wall, work)
+        self._listening = False
         self._device: torch.device | None = None
         self._handles: list[Any] = []
         self._sharded = False
@@ -210,7 +235,7 @@ class HeterogeneityEmulator(Callback):
         """Validate against the world size and hook the module's gradients (a custom loop).
 
         A Trainer calls this at fit start; a Fabric loop (:class:`~lightning_rex.lightning.
-        fabric.RexLoop`) calls it, :meth:`step_start`, :meth:`after_backward` and
+        fabric.RexLoop`) calls it, :meth:`step_start`, :meth:`step_end` and
         :meth:`remove`.
 
         Args:
@@ -255,7 +280,9 @@ class HeterogeneityEmulator(Callback):
             for param in module.parameters():
                 if param.requires_grad:
                     self._handles.append(param.register_hook(self._grad_computed))
-        self._expected = len(self._handles)
+            self._expected = len(self._handles)
+            collectives.add_listener(self, first=True)
+            self._listening = True
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Remove the gradient hooks."""
@@ -279,6 +306,10 @@ class HeterogeneityEmulator(Callback):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._listening:
+            collectives.remove_listener(self)
+            self._listening = False
+        self._in_step = False
 
     def _work_clock(self) -> float:
         """The clock that measures the rank's work: its thread's CPU time, or wall time."""
@@ -327,23 +358,66 @@ class HeterogeneityEmulator(Callback):
         # a leaf's gradient hook runs before its AccumulateGrad, so before every post-accumulate
         # hook and DDP's reducer hook; on a CPU rank it runs on the thread that called backward,
         # whose CPU clock the work is read from
+        if not self._in_step:
+            return
+        task = torch._C._current_graph_task_id()
+        if task != self._queued_task:  # the first gradient of this backward pass
+            self._queued_task = task
+            self._grads = 0
+            with contextlib.suppress(RuntimeError):  # not inside the autograd engine
+                Variable._execution_engine.queue_callback(self._backward_done)
         self._grads += 1
-        if self._expected and self._grads % self._expected == 0:
-            self._sleep()  # each accumulation pass's last gradient: the step so far
+        if self._grads == self._expected:  # the last gradient, as the last pass counted
+            self._checkpoint()
 
-    def _sleep(self) -> None:
-        """Sleep until the compute phase has lasted ``target x work`` (once a step)."""
-        self._slept = True
+    def _backward_done(self) -> None:
+        """A backward pass is over, before DDP finalises it: settle what is due."""
+        self._queued_task = -2
+        if self._grads:
+            self._expected = self._grads  # the next pass likely leaves out the same ones
+        self._checkpoint(check_load=True)
+
+    def collective_entered(self) -> None:
+        """Before a collective: settle what is due, then stop counting compute."""
+        if not self._in_step:
+            return
+        self._checkpoint()
+        self._coll_at = (time.perf_counter(), self._work_clock())
+
+    def collective_left(self) -> None:
+        """After a collective: its time is neither work nor compute."""
+        if not self._in_step:
+            return
+        wall, work = self._coll_at
+        self._coll_wall += time.perf_counter() - wall
+        self._coll_work += self._work_clock() - work
+
+    def collective_unseen(self, name: str, why: str) -> None:
+        """An asynchronous collective: nothing to settle (see the compute timer's warning).
+
+        Args:
+            name: The ``torch.distributed`` function.
+            why: Why its wait is not seen.
+        """
+
+    def _checkpoint(self, check_load: bool = False) -> None:
+        """Sleep until the step's compute so far has lasted ``target x`` its work.
+
+        Args:
+            check_load: Whether this is a backward's end, where the load is checked.
+        """
+        if not self._in_step or self._sharded:
+            return
         if self._target <= 1.0 and not self._cpu_clock:
             return  # wall time is the work: nothing to add, nothing to check
         self._sync()
-        wall = time.perf_counter() - self._t_start
-        work = self._work_clock() - self._work_start
+        wall = time.perf_counter() - self._t_start - self._coll_wall
+        work = self._work_clock() - self._work_start - self._coll_work
         if not self._cpu_clock:
             work -= self._slept_s  # a wall clock: this step's own sleeps are not work
-        if self._cpu_clock and work > 0 and not self._sharded:  # sharded: many a step
+        if check_load and self._cpu_clock and work > 0:
             self._check_load(wall / work)
-        delay = max(0.0, self._target * work - wall) if self._target > 1.0 else 0.0
+        delay = self._target * work - wall if self._target > 1.0 else 0.0
         if delay > 0:
             time.sleep(delay)
             self.total_delay_s += delay
@@ -395,7 +469,9 @@ class HeterogeneityEmulator(Callback):
             device is not None and device.type == "cpu" and torch.get_num_threads() == 1
         )
         self._target = self.factor(rank, step) * self.headroom_in_use
-        self._grads, self._slept, self._slept_s = 0, False, 0.0
+        self._slept_s = 0.0
+        self._in_step, self._queued_task = True, -2
+        self._coll_wall = self._coll_work = 0.0
         self._depth, self._leaf_wall, self._leaf_work = 0, 0.0, 0.0
         self._leaf_inputs.clear()
         self._t_start = time.perf_counter()
@@ -406,13 +482,31 @@ class HeterogeneityEmulator(Callback):
         self.after_backward()
 
     def after_backward(self) -> None:
-        """After a step's backward: sleep if no gradient hook did (a custom loop calls it)."""
-        if not self._slept and not self._sharded:  # sharded: the leaf windows stretched it
-            self._sleep()
-        if 0 < self._grads < self._expected:
-            # the next backward likely leaves out the same parameters (a step of several
-            # accumulation passes counts more gradients, and keeps the count of one)
-            self._expected = self._grads
+        """After a step's backward: settle what is due (a custom loop calls it).
+
+        The backward's end has settled it already, unless the step had no backward pass
+        with a gradient of the model's.
+        """
+        self._checkpoint()
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """The micro-batch's compute is over: what follows (the optimizer) is not stretched."""
+        self.step_end()
+
+    def step_end(self) -> None:
+        """Settle what is due and stop stretching until the next step (a custom loop calls it).
+
+        Collectives after it (the optimizer's, rex's own exchanges) are not delayed.
+        """
+        self._checkpoint()
+        self._in_step = False
 
     def _sync(self) -> None:
         if self._device is not None and self._device.type == "cuda":
