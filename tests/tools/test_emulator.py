@@ -13,7 +13,7 @@ import lightning as L
 from lightning_rex import HeterogeneityEmulator
 from lightning_rex.measure import timing as timing_module
 from lightning_rex.measure.timing import ComputeTimer
-from lightning_rex.tools import emulator as emulator_module
+from lightning_rex.tools import stretch as stretch_module
 from lightning_rex.tools.bench import BenchModel
 
 
@@ -131,27 +131,52 @@ class _Clock:
         self.t += seconds
 
 
+class _Work(torch.autograd.Function):
+    """Identity whose forward and backward take work on the fake clock."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, clock: _Clock, per_sample: float) -> torch.Tensor:
+        ctx.clock, ctx.n, ctx.per_sample = clock, len(x), per_sample
+        clock.load = clock.forward_load
+        clock.work(per_sample * len(x))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        clock = ctx.clock
+        clock.load = clock.backward_load
+        clock.work(2 * ctx.per_sample * ctx.n)  # before any parameter's gradient is ready
+        return grad, None, None
+
+
+class _Kernels(torch.nn.Module):
+    """A module with a parameter whose computation takes work on the fake clock."""
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Work.apply(x, self.clock, 0.001) * self.scale
+
+
 class _TimedModel(BenchModel):
-    """On the fake clock, its forward takes 1 ms of work per sample and its backward twice that."""
+    """On the fake clock, its forward takes 1 ms of work per sample and its backward twice that.
+
+    The work is inside a module's computation, where a slower device is slower; the step's
+    Python around it takes no time on the fake clock.
+    """
 
     def __init__(self, clock: _Clock | None, unused: bool = False) -> None:
         super().__init__(width=64, depth=2)
         self.clock = clock
+        self.kernels = None if clock is None else _Kernels(clock)
         self.unused = torch.nn.Parameter(torch.zeros(1)) if unused else None
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        loss = super().training_step(batch, batch_idx)
-        if self.clock is not None:
-            clock, n = self.clock, len(batch[0])
-            clock.load = clock.forward_load
-            clock.work(0.001 * n)
-
-            def backward_starts(grad: torch.Tensor) -> None:
-                clock.load = clock.backward_load
-                clock.work(0.002 * n)  # before any parameter's gradient is ready
-
-            loss.register_hook(backward_starts)
-        return loss
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)
+        return logits if self.kernels is None else self.kernels(logits)
 
 
 def _fit(
@@ -160,6 +185,7 @@ def _fit(
     steps: int = 6,
     clock: _Clock | None = None,
     unused: bool = False,
+    model: _TimedModel | None = None,
 ) -> None:
     torch.set_num_threads(1)
     n = batch * steps
@@ -170,7 +196,7 @@ def _fit(
         max_steps=steps,
         callbacks=[emu],
     )
-    t.fit(_TimedModel(clock, unused), DataLoader(ds, batch_size=batch))
+    t.fit(model or _TimedModel(clock, unused), DataLoader(ds, batch_size=batch))
 
 
 def test_delay_only_inside_events_and_before_the_all_reduce_sees_the_gradients(
@@ -179,7 +205,7 @@ def test_delay_only_inside_events_and_before_the_all_reduce_sees_the_gradients(
     # the injected clock: on a loaded machine the real one can find an event step's compute
     # already lasting f x headroom times its CPU work (the load did it), and nothing is slept
     clock = _Clock()
-    monkeypatch.setattr(emulator_module, "time", clock)
+    monkeypatch.setattr(stretch_module, "time", clock)
     events = [{"ranks": [0], "start": 2, "end": 4, "factor": 3.0}]
     emu = _Delays([1.0], events=events, headroom=1.0)
     _fit(emu, batch=8, clock=clock)
@@ -195,7 +221,7 @@ def test_delay_is_the_extra_compute_of_a_slower_device(
 ) -> None:
     """Slowdown 3: (3 - 1) x (forward + backward) = 2 x 3 ms per sample, every step."""
     clock = _Clock()
-    monkeypatch.setattr(emulator_module, "time", clock)
+    monkeypatch.setattr(stretch_module, "time", clock)
     emu = _Delays([3.0], headroom=1.0)
     _fit(emu, batch=batch, clock=clock)
     assert [d for _, d, _ in emu.per_step] == pytest.approx([0.006 * batch] * 6)
@@ -216,10 +242,17 @@ class _Phases(HeterogeneityEmulator):
         super().__init__(*args, **kwargs)
         self.clock = clock
         self.phases: list[float] = []
+        self._t0 = 0.0
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        self._t0 = self.clock.t
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_after_backward(trainer, pl_module)
-        self.phases.append(self.clock.t - self._t_start)
+        self.phases.append(self.clock.t - self._t0)
 
 
 @pytest.mark.parametrize(
@@ -242,7 +275,7 @@ def test_a_process_sharing_the_core_changes_no_step_within_the_headroom(
     however much wall time the work took, up to that much: a rank that gets half its core
     (load 2) is not emulated twice as slow; beyond it the load shows, as on real hardware."""
     clock = _Clock(load)
-    monkeypatch.setattr(emulator_module, "time", clock)
+    monkeypatch.setattr(stretch_module, "time", clock)
     emu = _Phases(clock, [slowdown], headroom=headroom)
     _fit(emu, batch=8, clock=clock)
     work = 0.003 * 8
@@ -257,7 +290,7 @@ def test_a_load_that_comes_with_the_backward_only_changes_no_step(
     """A process that takes the core while the rank sleeps slows the backward, not the
     forward: the backward is measured, not predicted from the forward's pace."""
     clock = _Clock(forward_load, backward_load)
-    monkeypatch.setattr(emulator_module, "time", clock)
+    monkeypatch.setattr(stretch_module, "time", clock)
     emu = _Phases(clock, [3.0], headroom=1.0)
     _fit(emu, batch=8, clock=clock)
     assert emu.phases == pytest.approx([3.0 * 0.003 * 8] * 6)
@@ -268,7 +301,7 @@ def test_a_parameter_without_a_gradient_moves_the_sleep_after_the_backward(
 ) -> None:
     """The last expected gradient never comes: the step still lasts 3 x its work."""
     clock = _Clock()
-    monkeypatch.setattr(emulator_module, "time", clock)
+    monkeypatch.setattr(stretch_module, "time", clock)
     emu = _Phases(clock, [3.0], headroom=1.0)
     _fit(emu, batch=8, clock=clock, unused=True)
     assert emu.phases == pytest.approx([3.0 * 0.003 * 8] * 6)
@@ -302,7 +335,7 @@ def test_rex_measures_the_emulated_compute_in_either_callback_order(
     """The sleep comes before the last gradient is accumulated, so before the hook that ends
     rex's compute time, whichever callback registered its hooks first."""
     clock = _Clock(load=2.0)
-    monkeypatch.setattr(emulator_module, "time", clock)
+    monkeypatch.setattr(stretch_module, "time", clock)
     monkeypatch.setattr(timing_module, "time", clock)
     emu, rex = HeterogeneityEmulator([3.0], headroom=1.0), _RexTiming()
     torch.set_num_threads(1)
@@ -320,7 +353,7 @@ def test_a_cpu_rank_is_emulated_at_half_its_cores_speed_by_default(
     """Without a headroom, a CPU rank's compute lasts slowdown x 2 times its work, so a load
     that takes up to half the core changes no step (here: the rank gets half its core)."""
     clock = _Clock(load=2.0)
-    monkeypatch.setattr(emulator_module, "time", clock)
+    monkeypatch.setattr(stretch_module, "time", clock)
     emu = _Phases(clock, [1.0])
     _fit(emu, batch=8, clock=clock)
     assert emu.headroom is None and emu.headroom_in_use == 2.0
@@ -332,7 +365,7 @@ def test_a_load_beyond_the_headroom_warns_once_with_the_headroom_that_absorbs_it
     load: float, warns: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = _Clock(load)
-    monkeypatch.setattr(emulator_module, "time", clock)
+    monkeypatch.setattr(stretch_module, "time", clock)
     emu = _Phases(clock, [1.0], headroom=2.0)
     import warnings
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -231,25 +232,42 @@ def _run_once(
         torch.randn(num_samples, TOKENS, 32, generator=generator),
         torch.randint(0, 10, (num_samples,), generator=generator),
     )
+    from lightning_rex.tools.bench_cases import case_model, needs_unused_parameters
+
+    case = getattr(args, "case", "plain")
+    slow_forward = getattr(args, "slow_forward", None)
+    unused = needs_unused_parameters(case)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         strategy: Any
         callbacks: list[L.Callback] = [
-            HeterogeneityEmulator(args.slowdowns, args.events, headroom=args.headroom),
             _StepTimer(out, args.warmup, args.threads, pin=args.pin, on_step=on_step),
         ]
+        if slow_forward is None:  # else the model's own forward is slow on the slow ranks
+            callbacks.insert(
+                0, HeterogeneityEmulator(args.slowdowns, args.events, headroom=args.headroom)
+            )
         if strategy_name == "ddp":
-            strategy = "ddp_fork"
+            strategy = DDPStrategy(start_method="fork", find_unused_parameters=unused)
         elif strategy_name == "emulation":
             # the even plan, monitored: the decision records give each rank's compute time
-            strategy = RexStrategy(start_method="fork", adaptive=False)
+            strategy = RexStrategy(
+                start_method="fork", adaptive=False, find_unused_parameters=unused
+            )
             callbacks.append(RexCallback(window=args.window, log_dir=tmp))
         elif strategy_name == "rex" and args.adaptive:
             # adaptive rex starts where a user starts: the even plan
-            strategy = RexStrategy(start_method="fork", adaptive=True)
+            strategy = RexStrategy(
+                start_method="fork", adaptive=True, find_unused_parameters=unused
+            )
             callbacks.append(RexCallback(window=args.window, log_dir=tmp))
         else:
-            strategy = RexStrategy(micro_batch_sizes=plan, start_method="fork", adaptive=False)
+            strategy = RexStrategy(
+                micro_batch_sizes=plan,
+                start_method="fork",
+                adaptive=False,
+                find_unused_parameters=unused,
+            )
         trainer = L.Trainer(
             accelerator="cpu",
             devices=devices,
@@ -264,7 +282,7 @@ def _run_once(
         )
         torch.manual_seed(0)
         loader = DataLoader(dataset, batch_size=PER_RANK_BATCH, shuffle=True)
-        trainer.fit(BenchModel(width=args.width, depth=args.depth), loader)
+        trainer.fit(case_model(args, case), loader)
         result = dict(json.loads(Path(out).read_text()))
         if strategy_name == "emulation":
             log = Path(tmp) / "rex_decisions.jsonl"
@@ -350,7 +368,10 @@ def run_benchmark(
 
 
 def run_emulation_check(
-    args: argparse.Namespace, sizes: Sequence[str], thread_counts: Sequence[int]
+    args: argparse.Namespace,
+    sizes: Sequence[str],
+    thread_counts: Sequence[int],
+    cases: Sequence[str] = ("plain",),
 ) -> list[dict[str, Any]]:
     """How slow the emulator makes each rank, as rex measures it, per model size and threads.
 
@@ -363,33 +384,36 @@ def run_emulation_check(
         args: The parsed command line (slowdowns, headroom, steps, window, pinning).
         sizes: Names from :data:`MODEL_SIZES`.
         thread_counts: Torch threads per rank for each run (0: torch's default).
+        cases: Model-code cases (:data:`~lightning_rex.tools.bench_cases.CASES`) to run each
+            size and thread count with.
 
     Returns:
-        One row per (size, threads): ``size``, ``threads``, ``median_ms`` per rank,
-        ``achieved`` and ``asked`` factors per rank.
+        One row per (case, size, threads): ``case``, ``size``, ``threads``, ``median_ms`` per
+        rank, ``achieved`` and ``asked`` factors per rank.
     """
     rows = []
     slowdowns = list(args.slowdowns)
     base = slowdowns.index(min(slowdowns))
-    for size in sizes:
-        for threads in thread_counts:
-            width, depth = MODEL_SIZES[size]
-            run_args = argparse.Namespace(**{**vars(args), "width": width, "depth": depth})
-            run_args.threads = threads
-            res = _run_once("emulation", run_args, None)
-            windows = res["window_medians_ms"]
-            ranks = range(len(slowdowns))
-            rows.append(
-                {
-                    "size": size,
-                    "threads": threads,
-                    "median_ms": [statistics.median(w[r] for w in windows) for r in ranks],
-                    "achieved": [statistics.median(w[r] / w[base] for w in windows) for r in ranks],
-                    "asked": [s / slowdowns[base] for s in slowdowns],
-                    "windows": len(windows),
-                }
-            )
-            _log(f"emulation {size} threads={threads or 'default'}: {rows[-1]['achieved']}")
+    runs = [(c, s, t) for c in cases for s in sizes for t in thread_counts]
+    for case, size, threads in runs:
+        width, depth = MODEL_SIZES[size]
+        run_args = argparse.Namespace(**{**vars(args), "width": width, "depth": depth})
+        run_args.threads, run_args.case = threads, case
+        res = _run_once("emulation", run_args, None)
+        windows = res["window_medians_ms"]
+        ranks = range(len(slowdowns))
+        rows.append(
+            {
+                "case": case,
+                "size": size,
+                "threads": threads,
+                "median_ms": [statistics.median(w[r] for w in windows) for r in ranks],
+                "achieved": [statistics.median(w[r] / w[base] for w in windows) for r in ranks],
+                "asked": [s / slowdowns[base] for s in slowdowns],
+                "windows": len(windows),
+            }
+        )
+        _log(f"emulation {case} {size} threads={threads or 'default'}: {rows[-1]['achieved']}")
     return rows
 
 

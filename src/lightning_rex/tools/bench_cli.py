@@ -24,8 +24,17 @@ the model's work per sample (``--depth 3`` halves it, so the steps take about as
 without the headroom). ``examples/quickstart.py`` runs with both.
 
 ``--emulation`` checks the emulator instead of comparing strategies: for each of three model
-sizes and each thread count it trains the even plan and prints each rank's compute time, as
-rex measures it, and the factor achieved against the one asked for.
+sizes and each thread count (and each ``--model-code`` case, given one) it trains the even
+plan and prints each rank's compute time, as rex measures it, and the factor achieved against
+the one asked for.
+
+``--model-code CASES`` runs real model code that waits on peers inside the step (see
+:mod:`lightning_rex.tools.bench_cases`: ``sync_dist``, ``unused_head``, ``all_gather``,
+``sync_bn``, ``checkpoint``, ``plain``): for each case, adaptive rex and every plan of
+``--static-plans``, paired in each round, and it prints rex's throughput over the best static
+plan's. ``--slow-forward MS`` makes the ranks slow by the model's own code instead of the
+emulator: a rank of slowdown ``s`` sleeps ``s x MS`` milliseconds a sample inside its forward,
+before every collective of the step, as every kernel of a slower GPU is slower.
 
 This module is the command line only; the runs are in :mod:`lightning_rex.tools.bench`,
 imported when the command runs.
@@ -182,6 +191,28 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="with --emulation: torch threads per rank, 'default' for torch's own choice "
         "(default 1,default)",
     )
+    parser.add_argument(
+        "--model-code",
+        type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+        default=None,
+        help="run these model-code cases (from plain,sync_dist,unused_head,all_gather,sync_bn,"
+        "checkpoint): adaptive rex against each --static-plans plan, per case",
+    )
+    parser.add_argument(
+        "--static-plans",
+        type=lambda s: [_ints(p) for p in s.split("/") if p.strip()],
+        default=None,
+        help="with --model-code: the static plans, e.g. 46,18/48,16/50,14 (default: the plan "
+        "proportional to 1/slowdown)",
+    )
+    parser.add_argument(
+        "--slow-forward",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="no emulator: a rank of slowdown s sleeps s x MS milliseconds a sample inside its "
+        "forward (the model's own code is slow)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="interleaved repeats (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     parser.add_argument(
@@ -230,6 +261,8 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"--warmup must be in [0, --steps), got {args.warmup}")
     if args.emulation:
         return _emulation(args, MODEL_SIZES)
+    if args.model_code is not None:
+        return _model_code(args)
     with _stdout_to_stderr():
         result = run_benchmark(args)
     if args.json:
@@ -259,6 +292,39 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_code(args: argparse.Namespace) -> int:
+    """``--model-code``: rex against the best static plan, per case of model code."""
+    from lightning_rex.tools.bench import PER_RANK_BATCH, default_plan
+    from lightning_rex.tools.bench_cases import CASES, run_model_code
+
+    unknown = [c for c in args.model_code if c not in CASES]
+    if unknown:
+        raise SystemExit(f"--model-code takes cases from {','.join(CASES)}; unknown: {unknown}")
+    if args.static_plans is None:
+        args.static_plans = [args.micro_batch_sizes or default_plan(args.slowdowns, args.devices)]
+    for plan in args.static_plans:
+        if len(plan) != args.devices or sum(plan) != PER_RANK_BATCH * args.devices:
+            raise SystemExit(
+                f"--static-plans: {plan} needs {args.devices} values summing to "
+                f"{PER_RANK_BATCH * args.devices}"
+            )
+    with _stdout_to_stderr():
+        result = run_model_code(args)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    head = f"{'case':12s} {'rex / best static':>17s} {'after 1st accept':>16s}"
+    print(f"{head}  best static, rex plans")
+    for case, row in result["cases"].items():
+        after = row["rex_after_first_accept_over_best_static"]
+        print(
+            f"{case:12s} {row['rex_over_best_static']:17.3f} "
+            f"{'-' if after is None else f'{after:.3f}':>16s}  {row['best_static_plan']}, "
+            f"{row['plans']}"
+        )
+    return 0
+
+
 def _emulation(args: argparse.Namespace, sizes: dict[str, Any]) -> int:
     """``--emulation``: the achieved slowdowns per model size and thread count."""
     from lightning_rex.tools.bench import run_emulation_check
@@ -268,14 +334,18 @@ def _emulation(args: argparse.Namespace, sizes: dict[str, Any]) -> int:
         raise SystemExit(f"--model-sizes takes names from {','.join(sizes)}; unknown: {unknown}")
     if len(set(args.slowdowns)) == 1:
         raise SystemExit("--emulation needs --slowdowns that differ, e.g. 1,3")
+    cases = args.model_code or ["plain"]
     with _stdout_to_stderr():
-        rows = run_emulation_check(args, args.model_sizes, args.thread_counts)
+        rows = run_emulation_check(args, args.model_sizes, args.thread_counts, cases)
     if args.json:
         print(json.dumps({"emulation": rows}))
         return 0
-    print(f"{'model':7s} {'threads':>7s}  {'compute ms per rank':24s} achieved / asked")
+    print(
+        f"{'case':12s} {'model':7s} {'threads':>7s}  {'compute ms per rank':24s} achieved / asked"
+    )
     for row in rows:
         times_ms = ", ".join(f"{m:.2f}" for m in row["median_ms"])
         got = ", ".join(f"{a:.2f}/{b:g}" for a, b in zip(row["achieved"], row["asked"]))
-        print(f"{row['size']:7s} {row['threads'] or 'default':>7}  {times_ms:24s} {got}")
+        threads = row["threads"] or "default"
+        print(f"{row['case']:12s} {row['size']:7s} {threads:>7}  {times_ms:24s} {got}")
     return 0

@@ -1,34 +1,26 @@
 """``HeterogeneityEmulator``: make ranks of one machine behave like slower GPUs.
 
 A rank with slowdown ``f`` must take ``f`` times its real compute time per step, and the
-extra time must sit where a slower GPU's would: *in every computation of the step*, forward
-and backward, so that a peer meets the slow rank late at every collective the step holds (a
+extra time must sit where a slower GPU's would: *in the model's computations*, forward and
+backward, so that a peer meets the slow rank late at every collective the step holds (a
 ``self.log(..., sync_dist=True)``, an ``all_gather`` in the loss, a synchronised batch norm),
 not only at the gradient all-reduce; and it must scale with the step's own work (a smaller
-micro-batch gets a shorter delay). The emulator therefore keeps a running account of the
-step's compute so far (from the batch's start, less the time inside collectives) and, at
-every point where a peer could see how far the rank has got, sleeps until that compute has
-lasted ``f x headroom`` times its work:
+micro-batch gets a shorter delay). A slower GPU does not slow the host's Python, so
+Lightning's loop and hooks are not stretched. :class:`~lightning_rex.tools.stretch.StepStretch`
+keeps the account: the work inside every module's forward and inside the backward pass, less
+the time inside collectives, and the sleep that makes it last ``f x headroom`` times that
+work, slept before every collective, at the backward's last gradient (before DDP's reducer
+hears of it, so the last all-reduce waits for it) and at the backward's end. Every stretch of
+computation between two points where the rank meets its peers therefore lasts ``f x
+headroom`` times its work, as on a device that slow. It sleeps at those few points only: a
+thread that sleeps often comes back to cold caches and computes slower (sleeping at every
+module's forward made a 3x rank measure 3.6x). Before, the emulator slept once, at the
+backward's end, after every in-step collective, and stretched the host's per-step Python
+too, so a small model's best plan under it leaned far to the fast rank (``[55, 9]`` where a
+slowed forward gave ``[47, 17]``).
 
-* before every ``torch.distributed`` collective the step calls
-  (:mod:`lightning_rex.measure.collectives`; the emulator is told before the compute timer,
-  so the delay is compute, not a wait); the time inside the collective is neither work nor
-  compute;
-* at the backward's last gradient, in a hook that runs before the gradient is accumulated,
-  so before DDP's reducer is told it is ready (its last bucket's all-reduce waits for the
-  delay) and before the hook that ends a ``RexCallback``'s compute time. The last gradient is
-  the one that completes the count of the previous backward pass, which leaves out the
-  parameters that got no gradient;
-* at the end of every backward pass (an autograd final callback, queued before DDP's
-  finalisation and before the compute timer's end), which settles what is left, also when a
-  parameter that had a gradient before gets none.
-
-So every stretch of computation between two points where the rank meets its peers, forward
-or backward, lasts ``f x headroom`` times its work, as on a device that slow; where inside
-that stretch the delay sits no peer can see. Sleeping frees the CPU core, like an idle host
-waiting on a slow device; it sleeps at those few points only, since a thread that sleeps
-often inside its computation comes back to cold caches and computes slower (sleeping at
-every module's forward made a 3x rank measure 3.6x here).
+A sharded model (FSDP2) is stretched inside its leaf computations instead, sleeping at the
+end of each (see :meth:`HeterogeneityEmulator.attach`).
 
 The work is the rank's CPU time where it computes on the CPU with one thread: time the rank
 spends descheduled, because another process shares its core, is not work, so that load does
@@ -48,7 +40,6 @@ the headroom that would absorb it.
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
 import time
 import warnings
@@ -60,9 +51,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
-from torch.autograd import Variable
 
 from lightning_rex.measure import collectives
+from lightning_rex.tools.stretch import StepStretch
 
 __all__ = ["EmulatedEvent", "HeterogeneityEmulator"]
 
@@ -189,25 +180,22 @@ class HeterogeneityEmulator(Callback):
         self._over: collections.deque[float] = collections.deque(maxlen=_CHECK_STEPS)
         self._warned = False
         self._cpu_clock = False
-        self._t_start = 0.0
-        self._work_start = 0.0
         self._target = 1.0  # slowdown x headroom of the step in progress
-        self._in_step = False  # between a step's start and its end
-        self._queued_task = -2  # the backward pass whose end is queued
-        self._grads = 0  # gradients of this backward pass so far
-        self._expected = 0  # gradients the last backward pass had: the last one sleeps
-        self._coll_wall = self._coll_work = 0.0  # this step's time inside collectives
-        self._coll_at = (0.0, 0.0)  # the open collective's entry (wall, work)
+        self._stretch = StepStretch(self._sync, self._check_load)  # a model not sharded
         self._listening = False
         self._device: torch.device | None = None
         self._handles: list[Any] = []
         self._sharded = False
-        self._slept_s = 0.0  # seconds slept in the step in progress
         # a sharded model: the leaf windows open now, and the step's wall and work in them
         self._depth, self._leaf_wall, self._leaf_work = 0, 0.0, 0.0
         self._win_wall = self._win_work = 0.0
         self._leaf_inputs: list[Any] = []
-        self.total_delay_s = 0.0
+        self._sharded_delay_s = 0.0
+
+    @property
+    def total_delay_s(self) -> float:
+        """Seconds this rank has slept in this fit, in all its steps."""
+        return self._sharded_delay_s + self._stretch.total_delay_s
 
     def factor(self, rank: int, step: int) -> float:
         """The slowdown factor of ``rank`` at optimizer ``step``.
@@ -277,11 +265,8 @@ class HeterogeneityEmulator(Callback):
                     self._handles.append(submodule.register_forward_hook(self._leaf_done))
         else:
             self._sharded = False
-            for param in module.parameters():
-                if param.requires_grad:
-                    self._handles.append(param.register_hook(self._grad_computed))
-            self._expected = len(self._handles)
-            collectives.add_listener(self, first=True)
+            self._handles += self._stretch.attach(module)
+            collectives.add_listener(self._stretch, first=True)
             self._listening = True
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -307,9 +292,9 @@ class HeterogeneityEmulator(Callback):
             handle.remove()
         self._handles.clear()
         if self._listening:
-            collectives.remove_listener(self)
+            collectives.remove_listener(self._stretch)
             self._listening = False
-        self._in_step = False
+        self._stretch.end()
 
     def _work_clock(self) -> float:
         """The clock that measures the rank's work: its thread's CPU time, or wall time."""
@@ -352,76 +337,7 @@ class HeterogeneityEmulator(Callback):
         if delay > 0:
             time.sleep(delay)
             self._leaf_wall += delay
-            self.total_delay_s += delay
-
-    def _grad_computed(self, _: Tensor | None) -> None:
-        # a leaf's gradient hook runs before its AccumulateGrad, so before every post-accumulate
-        # hook and DDP's reducer hook; on a CPU rank it runs on the thread that called backward,
-        # whose CPU clock the work is read from
-        if not self._in_step:
-            return
-        task = torch._C._current_graph_task_id()
-        if task != self._queued_task:  # the first gradient of this backward pass
-            self._queued_task = task
-            self._grads = 0
-            with contextlib.suppress(RuntimeError):  # not inside the autograd engine
-                Variable._execution_engine.queue_callback(self._backward_done)
-        self._grads += 1
-        if self._grads == self._expected:  # the last gradient, as the last pass counted
-            self._checkpoint()
-
-    def _backward_done(self) -> None:
-        """A backward pass is over, before DDP finalises it: settle what is due."""
-        self._queued_task = -2
-        if self._grads:
-            self._expected = self._grads  # the next pass likely leaves out the same ones
-        self._checkpoint(check_load=True)
-
-    def collective_entered(self) -> None:
-        """Before a collective: settle what is due, then stop counting compute."""
-        if not self._in_step:
-            return
-        self._checkpoint()
-        self._coll_at = (time.perf_counter(), self._work_clock())
-
-    def collective_left(self) -> None:
-        """After a collective: its time is neither work nor compute."""
-        if not self._in_step:
-            return
-        wall, work = self._coll_at
-        self._coll_wall += time.perf_counter() - wall
-        self._coll_work += self._work_clock() - work
-
-    def collective_unseen(self, name: str, why: str) -> None:
-        """An asynchronous collective: nothing to settle (see the compute timer's warning).
-
-        Args:
-            name: The ``torch.distributed`` function.
-            why: Why its wait is not seen.
-        """
-
-    def _checkpoint(self, check_load: bool = False) -> None:
-        """Sleep until the step's compute so far has lasted ``target x`` its work.
-
-        Args:
-            check_load: Whether this is a backward's end, where the load is checked.
-        """
-        if not self._in_step or self._sharded:
-            return
-        if self._target <= 1.0 and not self._cpu_clock:
-            return  # wall time is the work: nothing to add, nothing to check
-        self._sync()
-        wall = time.perf_counter() - self._t_start - self._coll_wall
-        work = self._work_clock() - self._work_start - self._coll_work
-        if not self._cpu_clock:
-            work -= self._slept_s  # a wall clock: this step's own sleeps are not work
-        if check_load and self._cpu_clock and work > 0:
-            self._check_load(wall / work)
-        delay = self._target * work - wall if self._target > 1.0 else 0.0
-        if delay > 0:
-            time.sleep(delay)
-            self.total_delay_s += delay
-            self._slept_s += delay
+            self._sharded_delay_s += delay
 
     def _check_load(self, stretch: float) -> None:
         """Warn once when the rank's work keeps taking longer than its emulated compute.
@@ -469,13 +385,10 @@ class HeterogeneityEmulator(Callback):
             device is not None and device.type == "cpu" and torch.get_num_threads() == 1
         )
         self._target = self.factor(rank, step) * self.headroom_in_use
-        self._slept_s = 0.0
-        self._in_step, self._queued_task = True, -2
-        self._coll_wall = self._coll_work = 0.0
         self._depth, self._leaf_wall, self._leaf_work = 0, 0.0, 0.0
         self._leaf_inputs.clear()
-        self._t_start = time.perf_counter()
-        self._work_start = self._work_clock()
+        if not self._sharded:
+            self._stretch.start(self._target, self._cpu_clock)
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Sleep here if no gradient hook did (a parameter got no gradient this step)."""
@@ -487,7 +400,8 @@ class HeterogeneityEmulator(Callback):
         The backward's end has settled it already, unless the step had no backward pass
         with a gradient of the model's.
         """
-        self._checkpoint()
+        if not self._sharded:
+            self._stretch.settle()
 
     def on_train_batch_end(
         self,
@@ -505,8 +419,7 @@ class HeterogeneityEmulator(Callback):
 
         Collectives after it (the optimizer's, rex's own exchanges) are not delayed.
         """
-        self._checkpoint()
-        self._in_step = False
+        self._stretch.end()
 
     def _sync(self) -> None:
         if self._device is not None and self._device.type == "cuda":
