@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning as L
 from lightning_rex.core.plans.plan import round_fractions
 from lightning_rex.lightning.callback import RexCallback
 from lightning_rex.lightning.strategy import RexStrategy
+from lightning_rex.tools.bench_cases import case_model, needs_unused_parameters
+from lightning_rex.tools.bench_model import BenchModel
 from lightning_rex.tools.emulator import HeterogeneityEmulator
 
 __all__ = [
@@ -47,59 +48,6 @@ TOKENS = 16
 MODEL_SIZES = {"small": (64, 2), "medium": (256, 6), "large": (512, 6)}
 """The emulation check's models, ``name: (width, depth)``: about 0.4, 38 and 150 MFLOP a
 sample forward and backward (1, 10 and 33 ms a step of 32 samples on one core here)."""
-
-
-class BenchModel(L.LightningModule):
-    """A weight-tied deep MLP over a sample's tokens: many FLOPs per sample, few parameters.
-
-    Args:
-        width: The hidden width.
-        depth: How many times the shared hidden layer is applied.
-        in_features: The feature dimension of each token.
-        classes: The number of classes.
-    """
-
-    def __init__(self, width: int = 256, depth: int = 6, in_features: int = 32, classes: int = 10):
-        super().__init__()
-        self.inp = nn.Linear(in_features, width)
-        self.hidden = nn.Linear(width, width)
-        self.out = nn.Linear(width, classes)
-        self.depth = depth
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the shared layer ``depth`` times.
-
-        Args:
-            x: Inputs of shape ``(batch, tokens, in_features)``.
-
-        Returns:
-            Logits of shape ``(batch, classes)``.
-        """
-        activations = torch.tanh(self.inp(x))
-        for _ in range(self.depth):
-            activations = torch.tanh(self.hidden(activations))
-        return self.out(activations.mean(dim=1))
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """Cross-entropy on the micro-batch (mean-reduced).
-
-        Args:
-            batch: ``(x, y)``.
-            batch_idx: The batch index.
-
-        Returns:
-            The loss.
-        """
-        inputs, targets = batch
-        return nn.functional.cross_entropy(self(inputs), targets)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """SGD with momentum.
-
-        Returns:
-            The optimizer.
-        """
-        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
 
 class _StepTimer(L.Callback):
@@ -232,8 +180,6 @@ def _run_once(
         torch.randn(num_samples, TOKENS, 32, generator=generator),
         torch.randint(0, 10, (num_samples,), generator=generator),
     )
-    from lightning_rex.tools.bench_cases import case_model, needs_unused_parameters
-
     case = getattr(args, "case", "plain")
     slow_forward = getattr(args, "slow_forward", None)
     unused = needs_unused_parameters(case)

@@ -1,6 +1,6 @@
 """Model code that waits on peers inside the step: the cases rex must time right.
 
-Each case is the bench's model (:class:`~lightning_rex.tools.bench.BenchModel`) with one thing
+Each case is the bench's model (:class:`~lightning_rex.tools.bench_model.BenchModel`) with one thing
 real training steps hold, which makes a fast rank wait for a slow one *inside* its step:
 
 * ``plain``: nothing (the gradient all-reduce only, after the backward);
@@ -22,8 +22,6 @@ any collective of the step, the way every kernel of a slower GPU is slower. The 
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lightning_rex.tools.bench import BenchModel, run_benchmark
+from lightning_rex.tools.bench_model import BenchModel
 
 __all__ = [
     "CASES",
@@ -40,7 +38,6 @@ __all__ = [
     "CaseModel",
     "case_model",
     "needs_unused_parameters",
-    "run_model_code",
 ]
 
 CASES = ("plain", "sync_dist", "unused_head", "all_gather", "sync_bn", "checkpoint")
@@ -193,67 +190,3 @@ def case_model(args: argparse.Namespace, case: str) -> BenchModel:
     if case == "plain" and delays is None:
         return BenchModel(width=args.width, depth=args.depth)
     return CaseModel(case, delays, width=args.width, depth=args.depth)
-
-
-def run_model_code(args: argparse.Namespace) -> dict[str, Any]:
-    """``bench --model-code``: adaptive rex against static plans, for each model-code case.
-
-    For each case of ``args.model_code``, ``args.repeat`` rounds each run adaptive rex (from
-    the even plan) and every plan of ``args.static_plans``, interleaved as
-    :func:`~lightning_rex.tools.bench.run_benchmark` interleaves strategies.
-
-    Args:
-        args: The parsed ``bench`` command line.
-
-    Returns:
-        ``{"cases": {case: {...}}}``: per case its ``runs``, rex's final ``plans``, and per
-        round rex's throughput over the best static plan's (``rex_over_best_static``, from
-        the warm-up's end) and over it after rex's first accepted plan
-        (``rex_after_first_accept_over_best_static``).
-    """
-    out: dict[str, Any] = {}
-    for case in args.model_code:
-        runs: list[dict[str, Any]] = []
-        for plan in args.static_plans:
-            run_args = argparse.Namespace(**vars(args))
-            run_args.case, run_args.adaptive = case, True
-            run_args.compare, run_args.micro_batch_sizes = ["rex", "rex-static"], plan
-            result = run_benchmark(run_args, progress=_progress(case, plan))
-            runs += [{**r, "static_plan": plan} for r in result["runs"]]
-        out[case] = _case_summary(runs, args.repeat)
-    return {"cases": out}
-
-
-def _progress(case: str, plan: list[int]) -> Any:
-    def report(done: int, total: int, run: dict[str, Any]) -> None:
-        print(
-            f"{case} (static {plan}) {done}/{total}: {run['strategy']} "
-            f"{run['samples_per_s']:.1f} samples/s, plan {run['plan']}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    return report
-
-
-def _case_summary(runs: list[dict[str, Any]], repeat: int) -> dict[str, Any]:
-    rex = [r for r in runs if r["strategy"] == "rex"]
-    static = [r for r in runs if r["strategy"] == "rex-static"]
-    whole, after = [], []
-    for rep in range(repeat):
-        mine = [r for r in rex if r["repeat"] == rep]
-        best = max(r["samples_per_s"] for r in static if r["repeat"] == rep)
-        whole += [r["samples_per_s"] / best for r in mine]
-        after += [
-            r["samples_per_s_after_first_accept"] / best
-            for r in mine
-            if r.get("samples_per_s_after_first_accept")
-        ]
-    best_plan = max(static, key=lambda r: r["samples_per_s"])["plan"]
-    return {
-        "runs": runs,
-        "plans": [r["plan"] for r in rex],
-        "best_static_plan": best_plan,
-        "rex_over_best_static": statistics.median(whole),
-        "rex_after_first_accept_over_best_static": statistics.median(after) if after else None,
-    }

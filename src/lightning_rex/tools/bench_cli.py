@@ -295,7 +295,8 @@ def main(args: argparse.Namespace) -> int:
 def _model_code(args: argparse.Namespace) -> int:
     """``--model-code``: rex against the best static plan, per case of model code."""
     from lightning_rex.tools.bench import PER_RANK_BATCH, default_plan
-    from lightning_rex.tools.bench_cases import CASES, run_model_code
+    from lightning_rex.tools.bench_cases import CASES
+    from lightning_rex.tools.model_code_bench import run_model_code
 
     unknown = [c for c in args.model_code if c not in CASES]
     if unknown:
