@@ -40,6 +40,7 @@ import torch
 __all__ = ["COLLECTIVES", "CollectiveListener", "add_listener", "remove_listener"]
 
 COLLECTIVES = (
+    "_broadcast_coalesced",  # DDP's broadcast of the buffers (BatchNorm's) in every forward
     "all_gather",
     "all_gather_coalesced",
     "all_gather_into_tensor",

@@ -33,10 +33,21 @@ kernels and never a synchronisation: a collective's events bracket its kernels o
 per window, when the events have long completed. On other devices the host's
 ``perf_counter`` is exact because the work is synchronous.
 
-Not separable, and said once (a ``RuntimeWarning`` naming the cause and the fix): an
-asynchronous collective (``async_op=True``) waited on inside the step, and a collective the
-wrappers cannot see (bound at import, or issued from C++ or a functional collective); the
-second shows only as the ranks' times moving together, which the driver's windows report.
+Not separable, and said once on the rank where it happens (a ``RuntimeWarning`` naming the
+cause and the fix):
+
+* an asynchronous collective (``async_op=True``) inside the step: its wait is wherever
+  ``wait()`` is called;
+* a collective the wrappers cannot see, before the backward: one bound before the timer
+  attached (``from torch.distributed import all_reduce`` at import), a functional collective
+  (DTensor, ``torch.distributed._functional_collectives``) or one issued from C++. The
+  default process group numbers its collectives; when, in 3 micro-batches in a row, it ran
+  more of them between the step's start and the backward's first gradient than it ran
+  inside the wrapped calls, the timer says so. (DDP's gradient buckets are launched in the
+  backward, after that point; a hidden collective inside the backward is not detected.)
+  The ranks' times alone cannot show it: a rank that waits on a slower one in its forward
+  measures about as slow, whatever their times' correlation (it was near 0 both with such a
+  wait and without).
 
 A sharded model (FSDP2) synchronises at every layer: each unit all-gathers its parameters
 before its forward and its backward, so the time to the last gradient holds every wait on
@@ -65,6 +76,19 @@ from lightning_rex.measure import collectives
 __all__ = ["ComputeTimer"]
 
 
+def _sequence() -> int | None:
+    """How many collectives the default process group has run (None: not numbered)."""
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        group = dist.distributed_c10d._get_default_group()
+        return int(group._get_sequence_number_for_group())  # type: ignore[attr-defined]
+    except Exception:  # a backend that does not number its collectives
+        return None
+
+
 class ComputeTimer:
     """Measure a rank's compute time per micro-batch and sum it per optimizer step.
 
@@ -89,6 +113,10 @@ class ComputeTimer:
         self._depth = 0  # leaf windows open now
         self._inputs: list[Any] = []  # the inputs of the leaves whose forward is running
         self._warned: set[str] = set()
+        self._seq: int | None = None  # the default group's collective count at the start
+        self._seen = 0  # the default group's collectives inside the wrapped calls
+        self._seq_at: int | None = None  # the default group's count when a call entered
+        self._hidden_streak = 0  # micro-batches in a row with collectives not seen
 
     # ------------------------------------------------------------------ hooks
     def attach(self, parameters: Iterable[torch.nn.Parameter]) -> None:
@@ -206,11 +234,17 @@ class ComputeTimer:
     # ------------------------------------------------------------------ collectives
     def collective_entered(self) -> None:
         """A collective starts: mark it, when a micro-batch is being timed."""
+        if self._start is not None and self._seq is not None:
+            self._seq_at = _sequence()
         if self._start is not None and (not self._segments or self._depth > 0):
             self._entered = self._stamp()
 
     def collective_left(self) -> None:
         """A collective returned: its span is a wait, not compute."""
+        if self._seq_at is not None:  # what the default group counted in it (coalesced: more)
+            now = _sequence()
+            self._seen += 0 if now is None else now - self._seq_at
+            self._seq_at = None
         if self._entered is not None and self._start is not None:
             wait = (self._entered, self._stamp())
             (self._waits if self._segments else self._pending).append(wait)
@@ -236,12 +270,40 @@ class ComputeTimer:
             stacklevel=3,
         )
 
+    def _check_hidden(self, hidden: int | None) -> None:
+        """Warn once when collectives the wrappers did not see keep running before backward.
+
+        Args:
+            hidden: The default group's collectives since the micro-batch started, less
+                those the wrappers saw (None: the group does not number them).
+        """
+        self._hidden_streak = self._hidden_streak + 1 if hidden is not None and hidden > 0 else 0
+        if self._hidden_streak < 3 or "hidden" in self._warned:
+            return
+        self._warned.add("hidden")
+        warnings.warn(
+            f"lightning-rex: {hidden} collective(s) on the default process group ran in this "
+            "rank's training step before its backward that the compute timer cannot see: not "
+            "called as torch.distributed.<function>(...) at run time (bound by a "
+            "'from torch.distributed import ...' before the fit started, a functional "
+            "collective such as DTensor's, or issued from C++). Whatever this rank waits there "
+            "on a slower peer is timed as its compute, so the ranks look alike and the plan "
+            "can stay even. Call the collective as torch.distributed.<function>(...) inside "
+            "the step, or move it out of training_step.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
     # ------------------------------------------------------------------ backward
     def _grad_ready(self, _: torch.Tensor) -> None:
         self._waits += self._pending  # a backward goes on: the waits before it are inside
         self._pending = []
         if self._start is None:
             return
+        if self._seq is not None:  # the micro-batch's first gradient
+            now = _sequence()
+            self._check_hidden(None if now is None else now - self._seq - self._seen)
+            self._seq = None
         task = torch._C._current_graph_task_id()
         if task != self._queued_task:  # the first gradient of this backward pass
             self._queued_task = task
@@ -272,6 +334,8 @@ class ComputeTimer:
         self._queued_task = -2
         self._depth = 0
         self._inputs.clear()
+        self._seen = 0
+        self._seq = None if self._segments else _sequence()
         self._start = self._stamp()
 
     def stop(self) -> None:
@@ -289,6 +353,7 @@ class ComputeTimer:
         self._start = self._seg_start = self._end = self._entered = None
         self._waits, self._pending = [], []
         self._depth = 0
+        self._seq = None
 
     def take_step(self) -> Any:
         """Close the optimizer step and return its pending measurement.
