@@ -31,6 +31,7 @@ from lightning_rex.lightning.strategy import RexStrategy
 from lightning_rex.tools.bench_cases import case_model, needs_unused_parameters
 from lightning_rex.tools.bench_model import BenchModel
 from lightning_rex.tools.emulator import HeterogeneityEmulator
+from lightning_rex.tools.headline import even_split_headline
 
 __all__ = [
     "MODEL_SIZES",
@@ -133,6 +134,10 @@ class _StepTimer(L.Callback):
                 for r in rex.records
                 if r["decision"] != "hold"
             ]
+            headline = even_split_headline(rex.records)
+            if headline is not None:  # the report's estimate of the even split, to check
+                result["headline_even_samples_per_s"] = list(headline.even)
+                result["headline_speedup"] = list(headline.speedup)
         Path(self.out).write_text(json.dumps(result))
 
 
@@ -270,7 +275,9 @@ def run_benchmark(
     Returns:
         ``{"runs": [...], "ratio_rex_over_ddp": float}`` (the ratio only when both ran), plus
         ``ratios`` (per repeat), and with ``rex-static`` or ``--adaptive`` the matching
-        ``ratio_rex_static_over_ddp`` and ``ratio_rex_after_first_accept_over_ddp``.
+        ``ratio_rex_static_over_ddp`` and ``ratio_rex_after_first_accept_over_ddp``; with
+        ``--adaptive``, ``headline_even_over_ddp`` per repeat: the report's estimate of the
+        even split's throughput (from rex's records) over the paired ddp run's measured one.
     """
     plan = args.micro_batch_sizes or default_plan(args.slowdowns, args.devices)
     runs: list[dict[str, Any]] = []
@@ -307,10 +314,24 @@ def run_benchmark(
         result["ratio_rex_over_ddp"] = statistics.median(result["ratios"])
         if args.adaptive and (after := ratio("rex", "samples_per_s_after_first_accept")):
             result["ratio_rex_after_first_accept_over_ddp"] = statistics.median(after)
+        if args.adaptive and (even := _headline_over_ddp(runs, args.repeat)):
+            # the report's estimate of the even split's throughput over the paired ddp run's
+            result["headline_even_over_ddp"] = even
     if "rex-static" in args.compare:
         result["ratios_rex_static"] = ratio("rex-static")
         result["ratio_rex_static_over_ddp"] = statistics.median(result["ratios_rex_static"])
     return result
+
+
+def _headline_over_ddp(runs: list[dict[str, Any]], repeat: int) -> list[float]:
+    """Per round: the report's even-split estimate (from rex's run) over ddp's measured rate."""
+    out = []
+    for rep in range(repeat):
+        by = {r["strategy"]: r for r in runs if r["repeat"] == rep}
+        est = by.get("rex", {}).get("headline_even_samples_per_s")
+        if est and "ddp" in by:
+            out.append(est[0] / by["ddp"]["samples_per_s"])
+    return out
 
 
 def run_emulation_check(

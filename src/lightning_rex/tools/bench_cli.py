@@ -23,6 +23,10 @@ half a rank's core, leaves the step times, and so the ratios, as they are; ``--d
 the model's work per sample (``--depth 3`` halves it, so the steps take about as long as
 without the headroom). ``examples/quickstart.py`` runs with both.
 
+With ``--adaptive`` and ``ddp`` in ``--compare``, it also checks the report's headline: the
+even split's throughput that ``report`` estimates from rex's own records, over the paired
+ddp run's measured throughput (1.0 is an unbiased estimate).
+
 ``--emulation`` checks the emulator instead of comparing strategies: for each of three model
 sizes and each thread count (and each ``--model-code`` case, given one) it trains the even
 plan and prints each rank's compute time, as rex measures it, and the factor achieved against
@@ -46,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -286,6 +291,11 @@ def main(args: argparse.Namespace) -> int:
     ):
         if key in result:
             print(f"{label}: {result[key]:.3f}")
+    if even := result.get("headline_even_over_ddp"):
+        print(
+            "the report's even-split estimate / ddp measured: "
+            f"{statistics.median(even):.3f} (per round: {', '.join(f'{e:.3f}' for e in even)})"
+        )
     for run in result["runs"]:
         if run.get("adaptive"):
             print(f"rex repeat {run['repeat']} plan history: {run['plan_history']}")
