@@ -18,6 +18,12 @@ each process group is its own), and prints one line with PASS/FAIL:
    and the decision log carries NVML telemetry.
 5. ``nccl1``: NCCL at world size 1: RexStrategy + RexCallback train on the GPU over NCCL in
    float64, within 1e-10 of the single-process reference, with windows logged.
+6. ``modelcode2``: two Lightning ranks on one GPU over gloo, monitor-only, with a real
+   ``torch.nn.SyncBatchNorm`` (``sync_batchnorm=True``: it all-gathers in every forward and
+   all-reduces in every backward) and ``self.log(..., sync_dist=True)`` in ``training_step``;
+   rank 1 is made slow inside its forward by the model's own code (it runs each hidden
+   layer's kernel 3 times), no emulator. The fast rank's measured compute stays below 0.6x
+   the slow rank's (the CUDA events leave the waits at the collectives out).
 
 Exit code 0 when every check passes.
 """
@@ -37,7 +43,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # keep CUDA out of the parent
 
-CHECKS = ("events", "memory", "gloo2", "lightning2", "nccl1")
+CHECKS = ("events", "memory", "gloo2", "lightning2", "nccl1", "modelcode2")
 N_SAMPLES = 64 * 3 + 20
 # a dry run of the two-rank Lightning check on a CPU-only machine: REX_GPU_CHECK_ACCEL=cpu
 ACCEL = os.environ.get("REX_GPU_CHECK_ACCEL", "gpu")
@@ -223,6 +229,90 @@ def check_lightning2() -> tuple[bool, str]:
         f"world {a['world']}, steps {len(steps_a)}, sizes sum to 64 and agree: {agree}; "
         f"first window median ms {first}; plan history {a['history']}; "
         f"decisions {[r['decision'] for r in recs]}; rank 0 telemetry {tel}"
+    )
+
+
+def _modelcode2_rank(rank: int, root: str) -> Any:
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import lightning as L
+    import lightning_rex
+    from lightning_rex.tools.bench_cases import AllReduceBatchNorm
+
+    os.environ.update(LOCAL_RANK="0", NODE_RANK=str(rank), LOCAL_WORLD_SIZE="1")
+    width = int(os.environ.get("REX_GPU_CHECK_WIDTH", 4096))
+
+    class SlowForward(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(32, width)
+            # SyncBatchNorm runs on accelerators only: the CPU dry run takes the stand-in
+            self.norm = nn.BatchNorm1d(width) if ACCEL != "cpu" else AllReduceBatchNorm(width)
+            self.hidden = nn.ModuleList(nn.Linear(width, width) for _ in range(4))
+            self.out = nn.Linear(width, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.norm(torch.tanh(self.inp(x)))
+            for layer in self.hidden:
+                if self.global_rank == 1:  # every kernel of rank 1 is slower: 3 times the work
+                    for _ in range(2):
+                        layer(h)
+                h = torch.tanh(layer(h))
+            return self.out(h)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.cross_entropy(self(x), y)
+            self.log("train_loss", loss, sync_dist=True, on_step=True)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    steps = 90
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(
+        torch.randn(64 * steps, 32, generator=g), torch.randint(0, 10, (64 * steps,), generator=g)
+    )
+    trainer = L.Trainer(
+        accelerator=ACCEL,
+        devices=1,
+        num_nodes=2,
+        strategy=lightning_rex.RexStrategy(process_group_backend="gloo", adaptive=False),
+        sync_batchnorm=ACCEL != "cpu",
+        max_steps=steps,
+        callbacks=[lightning_rex.RexCallback(window=20, verbose=False)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+    trainer.fit(SlowForward(), DataLoader(ds, batch_size=32, shuffle=True))
+    callbacks: list[Any] = trainer.callbacks  # type: ignore[attr-defined]
+    cb = next(c for c in callbacks if isinstance(c, lightning_rex.RexCallback))
+    synced = any(isinstance(m, torch.nn.SyncBatchNorm) for m in trainer.lightning_module.modules())
+    return {"records": cb.records, "synced": synced}
+
+
+def check_modelcode2() -> tuple[bool, str]:
+    import statistics
+
+    import torch
+    from tests.helpers.dist import run_distributed
+
+    assert not torch.cuda.is_initialized(), "CUDA must not be initialised before the fork"
+    out = run_distributed(_modelcode2_rank, tempfile.mkdtemp(), timeout=400)
+    recs = out[0]["records"]
+    ratios = [r["median_ms"][0] / r["median_ms"][1] for r in recs]
+    fast_over_slow = statistics.median(ratios) if ratios else float("nan")
+    ok = bool(recs) and fast_over_slow < 0.6 and (out[0]["synced"] or ACCEL == "cpu")
+    return ok, (
+        f"SyncBatchNorm: {out[0]['synced']}; per window median ms "
+        f"{[[round(m, 2) for m in r['median_ms']] for r in recs]}; fast / slow "
+        f"{fast_over_slow:.3f} (must be < 0.6)"
     )
 
 
