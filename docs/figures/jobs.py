@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from common import Command, Job, _example, _rex
 from loop_jobs import FABRIC_CMDS, MEMORY_CMDS, render_fabric, render_memory
+from model_code_jobs import MODEL_CODE_CMDS, render_model_code
 from real_jobs import (
     BATCH_EXAMPLE,
     BENCH_CMDS,
@@ -69,6 +70,7 @@ JOBS = {
             render_emulation,
         ),
         Job("bench", BENCH_CMDS, render_bench),
+        Job("model-code", MODEL_CODE_CMDS, render_model_code),
         Job(
             "demo",
             {
