@@ -257,8 +257,8 @@ class ComputeTimer:
             name: The ``torch.distributed`` function.
             why: Why its wait cannot be timed.
         """
-        if self._start is None or name in self._warned:
-            return
+        if self._start is None or self._segments or name in self._warned:
+            return  # a sharded model's units wait in their own hooks, outside the leaf windows
         self._warned.add(name)
         warnings.warn(
             f"lightning-rex: torch.distributed.{name} ran inside a training step, and {why}: "
