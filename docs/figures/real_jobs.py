@@ -155,7 +155,21 @@ def render_bench(data: dict[str, Any]) -> dict[str, str]:
         f"{spread(homo['ratios'])} over {len(homo['ratios'])} interleaved pairs, within the "
         "machine's run-to-run noise."
     )
-    return {"bench-table": "\n".join(rows), "bench-homogeneous": line}
+    checks = []
+    labels = (("adaptive-3x", "rank 1 3x slower"), ("homogeneous-adaptive", "equal ranks"))
+    for key, label in labels:
+        even = result(data, key).get("headline_even_over_ddp")
+        if even:
+            checks.append(f"{spread(even)} with {label} (`{data['commands'][key]['command']}`)")
+    headline = (
+        "The report's estimate of the even split's throughput, from rex's own records, over "
+        "the paired ddp run's measured throughput: " + "; ".join(checks) + f" ({data['date']})."
+    )
+    return {
+        "bench-table": "\n".join(rows),
+        "bench-homogeneous": line,
+        "bench-headline": headline,
+    }
 
 
 # ----------------------------------------------------------------------------- the emulator
