@@ -72,6 +72,7 @@ import torch
 from torch.autograd import Variable
 
 from lightning_rex.measure import collectives
+from lightning_rex.measure.backward import BackwardEnd
 
 __all__ = ["ComputeTimer"]
 
@@ -106,7 +107,7 @@ class ComputeTimer:
         self._waits: list[tuple[Any, Any]] = []  # waits on peers inside the span so far
         self._pending: list[tuple[Any, Any]] = []  # waits not yet known to be inside it
         self._entered: Any = None  # the open collective's start
-        self._queued_task = -2  # the backward pass whose end is queued
+        self._backward = BackwardEnd(self._backward_done)
         self._micro: list[tuple[Any, Any, list[tuple[Any, Any]]]] = []  # finished micro-batches
         self._segments = False  # timing leaf computations (a sharded model)
         self._seg_start: Any = None
@@ -304,17 +305,10 @@ class ComputeTimer:
             now = _sequence()
             self._check_hidden(None if now is None else now - self._seq - self._seen)
             self._seq = None
-        task = torch._C._current_graph_task_id()
-        if task != self._queued_task:  # the first gradient of this backward pass
-            self._queued_task = task
-            try:
-                Variable._execution_engine.queue_callback(self._backward_done)
-            except RuntimeError:  # pragma: no cover - not inside the autograd engine
-                self._end = self._stamp()
+        self._backward.gradient()
 
     def _backward_done(self) -> None:
         """The backward pass is over (before DDP finalises it): the span ends here, so far."""
-        self._queued_task = -2
         self._waits += self._pending
         self._pending = []
         self._end = self._stamp()
@@ -331,7 +325,7 @@ class ComputeTimer:
         """Mark the start of a micro-batch's compute (call in ``on_train_batch_start``)."""
         self._end = self._entered = None
         self._waits, self._pending = [], []
-        self._queued_task = -2
+        self._backward.reset()
         self._depth = 0
         self._inputs.clear()
         self._seen = 0

@@ -22,14 +22,14 @@ rank (a process sharing the core does not add to it), wall time elsewhere.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.autograd import Variable
+
+from lightning_rex.measure.backward import BackwardEnd
 
 __all__ = ["StepStretch"]
 
@@ -56,7 +56,7 @@ class StepStretch:
         self._wall = self._work = 0.0  # closed windows' wall (sleeps and waits left out), work
         self._out_wall = self._out_work = 0.0  # waits and sleeps inside the open window
         self._coll_at: tuple[float, float] | None = None
-        self._queued_task = -2  # the backward pass whose end is queued
+        self._backward = BackwardEnd(self._backward_done)
         self._grads = 0  # gradients of this backward pass so far
         self.expected = 0  # gradients the last backward pass had: the last one sleeps
 
@@ -107,18 +107,12 @@ class StepStretch:
 
     def _backward_starts(self) -> None:
         """The first gradient of a backward pass: its window opens, its end is queued."""
-        task = torch._C._current_graph_task_id()
-        if task == self._queued_task:
-            return
-        self._queued_task = task
-        self._grads = 0
-        with contextlib.suppress(RuntimeError):  # not inside the autograd engine
-            Variable._execution_engine.queue_callback(self._backward_done)
+        if self._backward.gradient():
+            self._grads = 0
             self._open()
 
     def _backward_done(self) -> None:
         """The backward pass is over, before DDP finalises it: close it and settle."""
-        self._queued_task = -2
         self._close()
         if self._grads:
             self.expected = self._grads  # the next pass likely leaves out the same ones
@@ -173,7 +167,8 @@ class StepStretch:
         self.target, self.cpu_clock = target, cpu_clock
         self.active, self.slept_s = True, 0.0
         self._depth, self._wall, self._work = 0, 0.0, 0.0
-        self._queued_task, self._coll_at = -2, None
+        self._coll_at = None
+        self._backward.reset()
 
     def end(self) -> None:
         """Settle what is owed and stop: what follows (the optimizer) is not stretched."""
