@@ -35,7 +35,11 @@ class RexDataLoader(DataLoader):
 
     def __init__(self, dataset: Any, batch_sampler: UnevenBatchSampler, **kwargs: Any) -> None:
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
-        self._consumed = 0
+        self._consumed = self._start = 0
+        self.in_flight: Callable[[], int] | None = None
+        """How many of the batches handed out are still being trained (the training loop's
+        count; None: none). A checkpoint taken inside a step records them as not consumed,
+        so the resumed run trains them again, as the loop does."""
 
     @property
     def consumed(self) -> int:
@@ -45,7 +49,7 @@ class RexDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         start = self.batch_sampler.resume_position()
         inner = super().__iter__()
-        self._consumed = start
+        self._consumed = self._start = start
 
         def counted() -> Iterator[Any]:
             for batch in inner:
@@ -55,12 +59,14 @@ class RexDataLoader(DataLoader):
         return counted()
 
     def state_dict(self) -> dict[str, Any]:
-        """The loader position (consumed batches), epoch and plan schedule.
+        """The loader position (consumed batches, less any still in flight), epoch and plans.
 
         Returns:
             A JSON-able dictionary.
         """
-        return {"rex_sampler": self.batch_sampler.state_dict(consumed=self._consumed)}
+        flying = 0 if self.in_flight is None else min(max(0, int(self.in_flight())), 1)
+        consumed = max(self._start, self._consumed - flying)
+        return {"rex_sampler": self.batch_sampler.state_dict(consumed=consumed)}
 
     def load_state_dict(self, state_dict: dict[str, Any], over: bool = False) -> None:
         """Restore the position saved by :meth:`state_dict`.
@@ -71,7 +77,7 @@ class RexDataLoader(DataLoader):
                 :meth:`UnevenBatchSampler.load_state_dict`).
         """
         self.batch_sampler.load_state_dict(state_dict["rex_sampler"], over=over)
-        self._consumed = int(state_dict["rex_sampler"]["consumed"])
+        self._consumed = self._start = int(state_dict["rex_sampler"]["consumed"])
 
 
 def _users_sampler(sampler: Any) -> str:

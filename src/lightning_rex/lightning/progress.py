@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loops.loop import _Loop
 
 __all__ = [
+    "batches_in_flight",
     "count_stopped_epoch_as_unfinished",
     "fraction_done",
     "is_logging_step",
@@ -87,6 +88,24 @@ def is_step_end(trainer: pl.Trainer) -> bool:
         True unless the batch only accumulates gradients.
     """
     return not trainer.fit_loop._should_accumulate()
+
+
+def batches_in_flight(trainer: pl.Trainer) -> int:
+    """Train batches fetched whose step is not yet done, as Lightning resumes them (0 or 1).
+
+    A checkpoint taken inside a step (``trainer.save_checkpoint`` from ``on_train_batch_start``,
+    ``on_before_backward`` or ``on_before_optimizer_step``, or a signal handler's) is resumed
+    by Lightning at its count of *processed* batches: the batch in flight is trained again.
+    One saved from ``on_train_batch_end`` counts its batch as done (it was processed).
+
+    Args:
+        trainer: The Trainer.
+
+    Returns:
+        Lightning's ready count less its processed count, in the current epoch.
+    """
+    progress = trainer.fit_loop.epoch_loop.batch_progress.current
+    return max(0, int(progress.ready) - int(progress.processed))
 
 
 def is_logging_step(trainer: pl.Trainer) -> bool:

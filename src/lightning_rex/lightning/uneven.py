@@ -30,6 +30,7 @@ from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.pass_caps import PassCaps
 from lightning_rex.lightning.plan_target import TrainSampler
 from lightning_rex.lightning.progress import (
+    batches_in_flight,
     count_stopped_epoch_as_unfinished,
     loader_state_to_restore,
     restored_epoch_ended,
@@ -248,6 +249,8 @@ class UnevenPlans(PassCaps, Weighted):
             # rebuilt in this fit (Lightning clears its loader when a fit attaches data): an
             # epoch restored as over stays so
             loader.batch_sampler.carry_restored_epoch(self._loader.batch_sampler)
+        # a checkpoint taken inside a step leaves the batch in flight to the resumed run
+        loader.in_flight = lambda: batches_in_flight(trainer)
         self._loader = loader
         batch_size = getattr(dataloader, "batch_size", None)
         self._loader_batch_size = None if batch_size is None else int(batch_size)
