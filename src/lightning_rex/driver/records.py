@@ -24,7 +24,7 @@ import datetime
 import json
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ __all__ = [
     "build_record",
     "decision_line",
     "pending_record",
+    "skipped_lines_message",
+    "stream_records",
     "window_metrics",
 ]
 
@@ -339,47 +341,77 @@ class DecisionLog:
         log_path = Path(path)
         if not log_path.exists():
             return []
-        if not log_path.is_file():  # a FIFO would block, a device (/dev/zero) never ends
-            raise ValueError(f"{log_path}: not a regular file")
-        size = log_path.stat().st_size
-        if size > MAX_LOG_BYTES:
-            raise ValueError(
-                f"{log_path}: {size:,} bytes; a decision log is read up to {MAX_LOG_BYTES:,} bytes"
-            )
-        out: list[dict[str, Any]] = []
         bad: list[int] = []
-        with log_path.open("rb") as handle:
-            line_number = 0
-            while True:
-                raw = handle.readline(MAX_LINE_BYTES + 1)
-                if not raw:
-                    break
-                line_number += 1
-                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                    while raw and not raw.endswith(b"\n"):  # skip the rest, a chunk at a time
-                        raw = handle.readline(MAX_LINE_BYTES)
-                    bad.append(line_number)
-                    continue
-                line = raw.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except (UnicodeDecodeError, RecursionError, ValueError):  # JSONDecodeError too
-                    rec = None
-                if isinstance(rec, dict):
-                    out.append(rec)
-                else:
-                    bad.append(line_number)
+        out = [rec for _, rec in stream_records(log_path, bad)]
         if bad:
-            shown = ", ".join(str(i) for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
-            warnings.warn(
-                f"{log_path}: skipped {len(bad)} line(s) that are not JSON records (line {shown}):"
-                " a partial last line of a run stopped while writing, or records of runs that"
-                " wrote at once",
-                stacklevel=2,
-            )
+            warnings.warn(skipped_lines_message(log_path, bad), stacklevel=2)
         return out
+
+
+def stream_records(path: Path, bad: list[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A decision log's records one at a time, as :meth:`DecisionLog.read` reads them.
+
+    Only one line (at most :data:`MAX_LINE_BYTES`) is held at a time, so a caller that keeps
+    less than every record (the prior's sums per device) reads a long log in bounded memory.
+
+    Args:
+        path: The JSONL file (it must exist).
+        bad: Receives the numbers of the lines skipped as not JSON records.
+
+    Yields:
+        ``(line number, record)`` for every JSON object, in order.
+
+    Raises:
+        ValueError: For a path that is not a regular file, or one over :data:`MAX_LOG_BYTES`.
+    """
+    if not path.is_file():  # a FIFO would block, a device (/dev/zero) never ends
+        raise ValueError(f"{path}: not a regular file")
+    size = path.stat().st_size
+    if size > MAX_LOG_BYTES:
+        raise ValueError(
+            f"{path}: {size:,} bytes; a decision log is read up to {MAX_LOG_BYTES:,} bytes"
+        )
+    with path.open("rb") as handle:
+        line_number = 0
+        while True:
+            raw = handle.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            line_number += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):  # skip the rest, a chunk at a time
+                    raw = handle.readline(MAX_LINE_BYTES)
+                bad.append(line_number)
+                continue
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except (UnicodeDecodeError, RecursionError, ValueError):  # JSONDecodeError too
+                rec = None
+            if isinstance(rec, dict):
+                yield line_number, rec
+            else:
+                bad.append(line_number)
+
+
+def skipped_lines_message(path: Path, bad: Sequence[int]) -> str:
+    """The warning for the lines :func:`stream_records` skipped.
+
+    Args:
+        path: The decision log.
+        bad: The numbers of the lines skipped.
+
+    Returns:
+        One sentence naming the first five lines and the likely causes.
+    """
+    shown = ", ".join(str(i) for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+    return (
+        f"{path}: skipped {len(bad)} line(s) that are not JSON records (line {shown}):"
+        " a partial last line of a run stopped while writing, or records of runs that"
+        " wrote at once"
+    )
 
 
 def _json_default(obj: Any) -> Any:
