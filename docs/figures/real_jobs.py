@@ -360,7 +360,6 @@ def _constants() -> str:
     from lightning_rex.core.scaling import batch_scaling, noise_scale, scaling_decider
     from lightning_rex.core.settings import DecisionSettings
     from lightning_rex.core.stats import persistence
-    from lightning_rex.lightning.watchdog import HangWatchdog
     from lightning_rex.measure.telemetry import MemoryBound
     from lightning_rex.sim.policies import pollux
     from lightning_rex.tools import emulator
@@ -371,7 +370,8 @@ def _constants() -> str:
     tile = next(p for h, p in zip(kinds, prior) if h != (1, 1) and h[1] == 1)
     waves = sum(p for h, p in zip(kinds, prior) if h[1] != 1)
     safety = inspect.signature(MemoryBound.__init__).parameters["safety"].default
-    grace = inspect.signature(HangWatchdog.__init__).parameters["grace_s"].default
+    from lightning_rex.lightning import watchdog
+
     basis = DecisionSettings().num_basis  # cubic B-splines over [b_ref / R, b_ref R]
     knots = (time_model._REACH**2) ** (1.0 / (basis - 3))
     rows = [
@@ -431,8 +431,8 @@ def _constants() -> str:
         ),
         (
             "time a stuck rank's process gets to exit after the watchdog's error",
-            "`HangWatchdog(grace_s=...)`",
-            f"{grace:g} s",
+            "`watchdog.GRACE_S`, `watchdog.GRACE_POLLS`",
+            f"{watchdog.GRACE_S:g} s, or {watchdog.GRACE_POLLS} polls if longer",
         ),
         (
             "time between the Pollux peer's choices of the batch",

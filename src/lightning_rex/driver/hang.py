@@ -4,15 +4,20 @@ Synchronous training cannot tell a slow rank from a hung one at a collective: th
 arrive wait, by default for NCCL's 30 minutes, and a rank stuck in user code (a deadlock, a
 ``time.sleep``, a dead file system) is never noticed by its own collectives. The watchdog
 (:mod:`lightning_rex.lightning.watchdog`) follows every rank's *progress*, a counter each
-rank advances at the points of every step it passes (batch start, backward, batch end). A
-rank is **silent** when its progress is behind another rank's and has not moved for
+rank advances at the points of every step it passes (batch start, backward, batch end, and
+around lightning-rex's own collectives), with its *age*: the seconds since it last moved, on
+that rank's own clock. A rank ``r`` is **silent** when another rank ``j`` is ahead of it and
 
-    limit = max(floor, factor x the slowest rank's typical step time),
+    min(age_r, age_j) > limit = max(floor, factor x the slowest rank's typical step),
 
-on the clock of the process that looks. Ranks waiting at a collective all stand at the same
-point, so none of them is behind; validation and checkpoints, where no rank advances,
-never look like a hang. This module holds that rule, framework-free, so that it can be
-tested with injected clocks.
+for the longest-standing such ``j``: over the last ``min(age_r, age_j)`` seconds ``r`` stood
+still at its count and ``j`` stood at a higher one, so ``r`` has been behind for at least
+that long. A pause every rank shares (validation, a checkpoint write, a slow first step) is
+never counted: nobody is ahead during it, and when the first rank moves on, its age starts
+from zero, so a rank that follows a moment later (a slow fetch after the pause) is behind
+only for that moment. Ages are read from each rank's latest publication, so a rank is
+found at most one publication interval late; no clock is compared across processes. This
+module holds the rule, framework-free, so that it can be tested with injected values.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 __all__ = ["Hang", "HangDetector"]
 
@@ -30,7 +37,7 @@ class Hang:
 
     Attributes:
         rank: The silent rank (the one stalled longest; the lowest of equals).
-        stalled_s: Seconds its progress has not moved while another rank's was ahead.
+        stalled_s: Seconds it has stood behind another rank without moving.
         limit_s: The limit it passed.
         progress: Every rank's progress when it was found.
     """
@@ -52,12 +59,12 @@ class Hang:
 
 
 class HangDetector:
-    """Watch every rank's progress and find one that stopped while others are ahead.
+    """Find a rank that stands behind another for longer than the limit (module docstring).
 
     Args:
         world_size: The number of ranks.
         floor_s: The shortest limit, seconds (> 0).
-        factor: The limit is at least this many times the slowest rank's typical step.
+        factor: The limit is at least this many times the slowest rank's typical step (>= 1).
     """
 
     def __init__(self, world_size: int, floor_s: float, factor: float) -> None:
@@ -68,8 +75,6 @@ class HangDetector:
         self.world_size = int(world_size)
         self.floor_s = float(floor_s)
         self.factor = float(factor)
-        self._last: list[int] = [-1] * self.world_size
-        self._since: list[float] = [math.nan] * self.world_size
 
     def limit(self, step_s: Sequence[float]) -> float:
         """The limit for typical step times ``step_s`` (non-finite entries are unknown).
@@ -83,13 +88,34 @@ class HangDetector:
         known = [s for s in step_s if math.isfinite(s) and s > 0]
         return max(self.floor_s, self.factor * max(known, default=0.0))
 
-    def observe(self, progress: Sequence[int], step_s: Sequence[float], now: float) -> Hang | None:
-        """Take every rank's progress at ``now``; return a silent rank, if any.
+    def stalls(self, progress: Sequence[int], ages: Sequence[float]) -> list[float]:
+        """Each rank's seconds behind another rank without moving (0 for a rank not behind).
+
+        Args:
+            progress: Each rank's progress counter.
+            ages: Each rank's seconds since its counter last moved (NaN: unknown, taken as 0).
+
+        Returns:
+            ``min(age_r, max(age_j for j ahead of r))`` per rank.
+        """
+        count = np.asarray(progress, dtype=np.int64)
+        age = np.asarray(ages, dtype=np.float64)
+        age = np.where(np.isfinite(age) & (age > 0), age, 0.0)
+        order = np.argsort(count, kind="stable")
+        # the oldest age among the ranks from each sorted position on (0 past the end)
+        oldest = np.append(np.maximum.accumulate(age[order][::-1])[::-1], 0.0)
+        first_ahead = np.searchsorted(count[order], count, side="right")
+        return [float(x) for x in np.minimum(age, oldest[first_ahead])]
+
+    def observe(
+        self, progress: Sequence[int], step_s: Sequence[float], ages: Sequence[float]
+    ) -> Hang | None:
+        """Take every rank's progress and age; return a silent rank, if any.
 
         Args:
             progress: Each rank's progress counter.
             step_s: Each rank's typical step time in seconds (NaN when unknown).
-            now: The looking process's clock, seconds.
+            ages: Each rank's seconds since its counter last moved (its own clock).
 
         Returns:
             The :class:`Hang`, or None.
@@ -97,18 +123,12 @@ class HangDetector:
         Raises:
             ValueError: If there is not one entry per rank.
         """
-        if len(progress) != self.world_size or len(step_s) != self.world_size:
-            raise ValueError(f"expected {self.world_size} entries per argument")
-        for rank_index, count in enumerate(progress):
-            if count != self._last[rank_index]:
-                self._last[rank_index], self._since[rank_index] = int(count), float(now)
-        ahead = max(progress)
+        n = self.world_size
+        if len(progress) != n or len(step_s) != n or len(ages) != n:
+            raise ValueError(f"expected {n} entries per argument")
         limit = self.limit(step_s)
-        behind = [
-            (now - self._since[r], r)
-            for r, p in enumerate(progress)
-            if p < ahead and now - self._since[r] > limit
-        ]
+        stalls = self.stalls(progress, ages)
+        behind = [(s, r) for r, s in enumerate(stalls) if s > limit]
         if not behind:
             return None
         stalled, rank = max(behind, key=lambda x: (x[0], -x[1]))

@@ -1,25 +1,33 @@
 """The hang watchdog: a rank stuck outside lightning-rex ends the run instead of hanging it.
 
 Every rank's main thread advances a progress counter at the points of each step it passes
-(:meth:`HangWatchdog.advance`, called by the callback's hooks: a plain integer increment).
-A daemon thread per rank publishes it in the process group's key-value store (the
-``TCPStore`` every ``torch.distributed`` run already has), and rank 0's thread applies
-:class:`~lightning_rex.driver.hang.HangDetector` to all ranks and publishes its verdict.
-When a rank is silent, every rank's thread acts at once:
+(:meth:`HangWatchdog.advance`, called by the callback's hooks and around lightning-rex's own
+collectives: an integer increment and a clock read). A daemon thread per rank publishes the
+counter and its age (seconds since it last moved) in the process group's key-value store
+(the ``TCPStore`` every ``torch.distributed`` run already has) once per poll, a tenth of the
+limit (at most 30 s); rank 0's thread applies
+:class:`~lightning_rex.driver.hang.HangDetector` to every rank's latest values and publishes
+its verdict. When a rank is silent, every rank's thread acts:
 
-1. it raises a :class:`~lightning_rex.driver.errors.RexRankError` naming the silent rank in
-   its main thread (a signal whose handler raises it), which interrupts a rank stuck in
+1. it marks that it has read the verdict, then raises a
+   :class:`~lightning_rex.driver.errors.RexRankError` naming the silent rank in its main
+   thread (a signal whose handler raises it), which interrupts a rank stuck in
    ``time.sleep`` or any Python code; a rank blocked inside a collective raises it as soon
    as the collective returns, which it does when the silent rank's process ends (gloo
-   notices the closed connection at once);
+   notices the closed connection at once). The silent rank raises once every other rank
+   has read the verdict (or a limit has passed), so that they name it rather than a bare
+   "connection closed";
 2. if the process is still running ``grace`` seconds later (a rank blocked in NCCL, or one
    whose main thread never returns to Python), it prints the error and exits with code 1,
-   which tears the process group down for the others.
+   which tears the process group down for the others. Rank 0, whose process may host the
+   store, first waits (up to a limit) until every rank has read the verdict.
 
-Other ranks also act when rank 0's verdicts stop coming (its process froze) or its store
-stops answering (it died), for as long as the limit. The cost is one store write per rank
-and one read (rank 0: one read of every key) per poll, every tenth of the limit (at most 30
-s); the main thread pays an integer increment per hook.
+When a fit ends on an exception, the watchdog goes on watching the exception's handlers
+(``on_exception`` hooks and their collectives, such as ``OnExceptionCheckpoint``'s) until the
+strategy has run them all (:meth:`HangWatchdog.stop`); a rank still inside them a limit later
+is ended. Other ranks also act when rank 0's verdicts stop coming (its process froze) or its
+store stops answering (it died), for as long as the limit. The cost is one store write per
+rank and one read (rank 0: one read of every key) per poll.
 """
 
 from __future__ import annotations
@@ -42,9 +50,12 @@ import numpy as np
 from lightning_rex.driver.errors import RexRankError
 from lightning_rex.driver.hang import Hang, HangDetector
 
-__all__ = ["HangWatchdog", "default_store"]
+__all__ = ["GRACE_POLLS", "GRACE_S", "HangWatchdog", "default_store"]
 
 _SIGNAL = getattr(signal, "SIGUSR2", None)
+_ENDED, _ENDED_ON_ERROR = -1, -2  # rank 0's verdict sequence when its fit ended
+GRACE_S, GRACE_POLLS = 10.0, 3
+"""Seconds, or polls if longer, from raising the error to ending a process still running."""
 
 
 def default_store() -> Any | None:
@@ -76,7 +87,8 @@ class HangWatchdog:
         floor_s: The shortest time a rank may stay behind the others (seconds).
         factor: ... or this many times the slowest rank's typical step time, if longer.
         grace_s: Seconds from raising the error to exiting the process, if it is still
-            running.
+            running; None: ``max(GRACE_S, GRACE_POLLS polls)`` (10 s, 3 polls), so that a
+            silent rank reads the verdict and ends first.
         clock: Seconds, monotonic.
     """
 
@@ -88,25 +100,30 @@ class HangWatchdog:
         key: str,
         floor_s: float,
         factor: float,
-        grace_s: float = 10.0,
+        grace_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.detector = HangDetector(world_size, floor_s, factor)
-        self.grace_s = float(grace_s)
         self.poll_s = min(30.0, max(0.2, floor_s / 10.0))
+        self.grace_s = (
+            max(GRACE_S, GRACE_POLLS * self.poll_s) if grace_s is None else float(grace_s)
+        )
         self.progress = 0
         self.error: RexRankError | None = None
         self._clock = clock
+        self._moved = clock()
         self._prefix = f"rex/hang/{key}/"
         self._ends: deque[float] = deque(maxlen=33)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._main = threading.main_thread().ident
         self._old_handler: Any = None
-        self._installed = False
+        self._installed = self._raised = False
+        self._closing_until: float | None = None
+        self._exit_at: float | None = None
 
     # ------------------------------------------------------------------ main thread
     def advance(self, step_end: bool = False) -> None:
@@ -116,13 +133,22 @@ class HangWatchdog:
             step_end: Whether this point ends a step (its time measures the step).
         """
         self.progress += 1
+        self._moved = now = self._clock()
         if step_end:
-            self._ends.append(self._clock())
+            self._ends.append(now)
+
+    def age_s(self) -> float:
+        """Seconds since this rank's progress last moved."""
+        return self._clock() - self._moved
 
     def typical_step_s(self) -> float:
         """This rank's median step time of its last 32 steps (NaN before 2 steps)."""
         ends = np.asarray(self._ends)
         return float(np.median(np.diff(ends))) if ends.size >= 3 else math.nan
+
+    def limit_s(self) -> float:
+        """The limit on this rank's own typical step."""
+        return self.detector.limit([self.typical_step_s()])
 
     def start(self) -> None:
         """Publish this rank and start the thread (main thread, every rank, together)."""
@@ -139,13 +165,27 @@ class HangWatchdog:
         self._thread = threading.Thread(target=self._run, name="rex-hang-watchdog", daemon=True)
         self._thread.start()
 
+    def close(self) -> None:
+        """The fit is ending on an exception: watch its handlers, for a limit at most.
+
+        Until :meth:`stop`, the watchdog keeps its rule (and ends a rank still inside the
+        handlers a limit from now); a store that stops answering is no longer taken for a
+        hang (rank 0 may have finished its handlers and gone). A pending exit is put off
+        to the same deadline: the main thread is running the handlers.
+        """
+        until = self._clock() + self.limit_s()
+        self._closing_until = until
+        if self._exit_at is not None:
+            self._exit_at = max(self._exit_at, until)
+
     def stop(self) -> None:
-        """Stop watching (the fit ended, or its error is being handled)."""
+        """Stop watching (the fit ended, or the strategy ran every exception handler)."""
         self._stop.set()
         if self.rank == 0 and self.error is None:
             # the other ranks stop too, rather than take rank 0's silence for a hang
+            seq = _ENDED if self._closing_until is None else _ENDED_ON_ERROR
             with contextlib.suppress(Exception):
-                self.store.set(self._prefix + "v", json.dumps({"seq": -1, "hang": None}))
+                self.store.set(self._prefix + "v", json.dumps({"seq": seq, "hang": None}))
         if self._installed and threading.current_thread() is threading.main_thread():
             signal.signal(_SIGNAL, self._old_handler)  # type: ignore[arg-type]
             self._installed = False
@@ -158,68 +198,79 @@ class HangWatchdog:
                 self.store = None
 
     def _raise(self, signum: int, frame: Any) -> None:
-        if self.error is not None:
+        if self.error is not None and not self._raised:
+            self._raised = True  # once: a later delivery must not break the handlers
             raise self.error
 
     # ------------------------------------------------------------------ the thread
     def _publish(self) -> None:
         self.store.set(
-            self._prefix + f"p{self.rank}", f"{self.progress} {self.typical_step_s():.6g}"
+            self._prefix + f"p{self.rank}",
+            f"{self.progress} {self.typical_step_s():.6g} {self.age_s():.6g}",
         )
 
     def _run(self) -> None:
-        seen_seq, seq_at = -2, self._clock()
+        seen_seq, seq_at = -3, self._clock()
         failing_since: float | None = None
         while not self._stop.wait(self.poll_s):
             now = self._clock()
+            closing = self._closing_until is not None
+            if self._closing_until is not None and now > self._closing_until:
+                self._exit("its exception handlers ran for a whole limit (a collective in them)")
+                return
+            hang = None
             try:
                 self._publish()
-                hang = self._look(now) if self.rank == 0 else None
-                if self.rank != 0:
+                if self.rank == 0:
+                    hang = self._look()
+                else:
                     verdict = self._verdict()
                     if verdict is not None:
-                        if verdict["seq"] == -1:
+                        if verdict["seq"] == _ENDED:
                             return  # rank 0 ended its fit
                         if verdict["hang"] is not None:
                             hang = Hang(**verdict["hang"])
                         if verdict["seq"] != seen_seq:
                             seen_seq, seq_at = verdict["seq"], now
-                    limit = self.detector.limit([self.typical_step_s()])
-                    if hang is None and now - seq_at > limit:
+                    limit = self.limit_s()
+                    if hang is None and now - seq_at > limit and not closing:
                         hang = Hang(0, now - seq_at, limit, (0,) * self.world_size)
                 failing_since = None
             except Exception as err:  # the store: rank 0's process may be gone
                 failing_since = now if failing_since is None else failing_since
-                limit = self.detector.limit([self.typical_step_s()])
-                if now - failing_since <= limit:
-                    continue
-                hang = None
+                if closing or now - failing_since <= self.limit_s():
+                    continue  # ending anyway: rank 0 may have finished and gone
                 self._act(
+                    0,
                     RexRankError(
                         0,
                         f"the process group's store stopped answering for {now - failing_since:.0f}"
                         f" s ({type(err).__name__}: {err}): rank 0 is gone or unreachable",
                         "the hang watchdog's check",
-                    )
+                    ),
                 )
                 return
             if hang is not None:
-                self._act(RexRankError(hang.rank, hang.message(), "the hang watchdog's check"))
+                self._act(
+                    hang.rank, RexRankError(hang.rank, hang.message(), "the hang watchdog's check")
+                )
                 return
 
-    def _look(self, now: float) -> Hang | None:
+    def _look(self) -> Hang | None:
         """Rank 0: every rank's progress, the detector's verdict, published."""
         keys = [self._prefix + f"p{r}" for r in range(self.world_size)]
         raw = self.store.multi_get(keys) if hasattr(self.store, "multi_get") else None
         if raw is None:
             raw = [self.store.get(k) for k in keys]
-        progress, steps = [], []
+        progress, steps, ages = [], [], []
         for value in raw:
-            count, step_s = bytes(value).decode().split()
+            count, step_s, age_s = bytes(value).decode().split()
             progress.append(int(count))
             steps.append(float(step_s))
-        hang = self.detector.observe(progress, steps, now)
-        seq = int(now * 1000) & 0x7FFFFFFF
+            ages.append(float(age_s))
+        progress[0], ages[0] = self.progress, self.age_s()  # its own, as they are now
+        hang = self.detector.observe(progress, steps, ages)
+        seq = int(self._clock() * 1000) & 0x7FFFFFFF
         body = None if hang is None else dataclasses.asdict(hang)
         self.store.set(self._prefix + "v", json.dumps({"seq": seq, "hang": body}))
         return hang
@@ -233,21 +284,43 @@ class HangWatchdog:
             verdict["hang"]["progress"] = tuple(verdict["hang"]["progress"])
         return verdict
 
-    def _act(self, error: RexRankError) -> None:
-        """Raise ``error`` in the main thread; exit the process if it is still here later.
+    def _wait_for_readers(self, ranks: list[int]) -> None:
+        """Wait (a limit at most) until ``ranks`` have marked the verdict read."""
+        keys = [self._prefix + f"a{r}" for r in ranks]
+        until = self._clock() + self.limit_s()
+        while keys and self._clock() < until and not self._stop.is_set():
+            try:
+                if self.store.check(keys):
+                    return
+            except Exception:
+                return  # the store is gone: nobody can read it any more
+            self._stop.wait(min(0.05, self.poll_s))
 
-        The silent rank raises last, two polls later: by then every other rank has read the
-        verdict, so when the silent rank's process ends and their collectives fail, they
-        raise the error that names it rather than a bare "connection closed".
-        """
-        if error.rank == self.rank and self._stop.wait(2 * self.poll_s):
-            return
+    def _act(self, silent: int, error: RexRankError) -> None:
+        """Raise ``error`` in the main thread; end the process if it is still here later."""
+        with contextlib.suppress(Exception):
+            self.store.set(self._prefix + f"a{self.rank}", "1")
+        others = [r for r in range(self.world_size) if r != self.rank]
+        if silent == self.rank:
+            self._wait_for_readers(others)
         self.error = error
-        if self._installed and self._main is not None and _SIGNAL is not None:
+        ours = self._installed and _SIGNAL is not None and signal.getsignal(_SIGNAL) == self._raise
+        if ours and self._main is not None and _SIGNAL is not None:
             with contextlib.suppress(Exception):
                 signal.pthread_kill(self._main, _SIGNAL)
-        if self._stop.wait(self.grace_s):
-            return  # the main thread got the error and is handling it
-        sys.stderr.write(f"{type(error).__name__}: {error}\n")
+        if self.rank == 0:
+            self._wait_for_readers(others)  # its process may host the store
+        self._exit_at = self._clock() + self.grace_s
+        if self._closing_until is not None:
+            self._exit_at = max(self._exit_at, self._closing_until)
+        while not self._stop.is_set():
+            left = self._exit_at - self._clock()
+            if left <= 0:
+                self._exit(f"{type(error).__name__}: {error}")
+                return
+            self._stop.wait(min(left, self.poll_s))
+
+    def _exit(self, why: str) -> None:
+        sys.stderr.write(f"lightning-rex: ending rank {self.rank}'s process: {why}\n")
         sys.stderr.flush()
         os._exit(1)
