@@ -27,6 +27,7 @@ from real_jobs import (
     render_examples,
     render_validation,
 )
+from reliability_jobs import RELIABILITY_CMDS, render_reliability
 from sim_jobs import (
     GNS_LONG_CMDS,
     SIM4096_CMDS,
@@ -71,6 +72,7 @@ JOBS = {
         ),
         Job("bench", BENCH_CMDS, render_bench),
         Job("model-code", MODEL_CODE_CMDS, render_model_code),
+        Job("reliability", RELIABILITY_CMDS, render_reliability),
         Job(
             "demo",
             {

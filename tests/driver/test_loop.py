@@ -462,9 +462,10 @@ def test_a_prior_gives_a_fresh_fit_its_first_plan_and_a_resume_keeps_its_own() -
     assert first[0] == (0, (32, 32)) and first[1][1] == (48, 16)  # b / rate equalised
     drive(driver, target, range(60), [0, 1])
     assert driver.records[0]["plan"] == [48, 16]  # the first window measures the prior's plan
-    # a device the prior does not know: the schedule's plan stays
+    # a device the prior does not know: the schedule's plan stays (with a warning)
     other, t2 = make(LocalCollectives(2))
-    other.start(0, ["fast", "a100"], prior=prior)
+    with pytest.warns(UserWarning, match="prior: no rates for device"):
+        other.start(0, ["fast", "a100"], prior=prior)
     assert t2.plan_schedule.entries == [(0, (32, 32))]
     # a resume on the same world size keeps its checkpoint's plan, prior or not
     state = json.loads(json.dumps(driver.state_dict()))
@@ -472,6 +473,55 @@ def test_a_prior_gives_a_fresh_fit_its_first_plan_and_a_resume_keeps_its_own() -
     t3.plan_schedule.load_state_dict(json.loads(json.dumps(target.plan_schedule.state_dict())))
     resumed.start(60, ["fast", "slow"], state, prior={"fast": [1.0, 0.0], "slow": [1e4, 0.0]})
     assert t3.plan_schedule.entries == target.plan_schedule.entries
+
+
+def test_a_prior_missing_a_device_warns_on_a_fresh_start_naming_it() -> None:
+    prior = {"fast": [3000.0, 0.002], "slow": [1000.0, 0.002]}
+    driver, target = make(LocalCollectives(3), ScheduleTarget(PlanSchedule((22, 21, 21), 64)))
+    with pytest.warns(UserWarning) as caught:
+        driver.start(0, ["fast", "a100", "a100"], prior=prior)
+    (only,) = [w for w in caught if "prior" in str(w.message)]  # once, each device once
+    assert str(only.message).startswith(
+        "prior: no rates for device(s) ['a100'] of this run (the prior has ['fast', 'slow'])"
+    )
+    assert target.plan_schedule.entries == [(0, (22, 21, 21))]  # the even split stays
+    # a prior that covers every device, or none given: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make(LocalCollectives(2))[0].start(0, ["fast", "slow"], prior=prior)
+        make(LocalCollectives(2))[0].start(0, ["fast", "a100"])
+
+
+def test_the_missing_device_warning_is_rank_0s_alone_and_not_on_a_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+    import types
+
+    from lightning_rex.driver import prior as prior_module
+
+    said: list[tuple[int | None, str]] = []
+    ranks: dict[int, int] = {}
+
+    def warn(message: str, *args: Any, **kwargs: Any) -> None:
+        said.append((ranks.get(threading.get_ident()), message))
+
+    monkeypatch.setattr(prior_module, "warnings", types.SimpleNamespace(warn=warn))
+    prior = {"fast": [3000.0, 0.002]}
+
+    def rank(r: int, c: ThreadCollectives) -> None:
+        ranks[threading.get_ident()] = r
+        driver, _ = make(c)
+        driver.start(0, [("fast", "a100")[r]], prior=prior)  # rank 0's prior on every rank
+
+    assert run_threads(2, rank) == [None, None]
+    assert len(said) == 1 and said[0][0] == 0 and "['a100']" in said[0][1]
+    # a resume on the same world size keeps its checkpoint's plan: nothing to warn of
+    said.clear()
+    state = _saved_mid_window()
+    resumed, _ = make(LocalCollectives(2))
+    resumed.start(44, ["cpu", "cpu"], state, prior=prior)
+    assert said == []
 
 
 # ------------------------------------------------------------------ the warm-up at speed

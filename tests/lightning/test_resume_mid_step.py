@@ -74,12 +74,14 @@ def _fit(rank: int, hook: str, path: str, resume: bool) -> list[tuple[int, int, 
 def epochs_seen(before: list[Any], after: list[Any], cut: int) -> dict[int, Counter[int]]:
     """Every sample index per epoch: the first run's steps before ``cut``, all the resumed run's."""
     out: dict[int, Counter[int]] = {}
-    for epoch, step, idx in [s for s in before if s[1] < cut] + list(after):
+    for epoch, _step, idx in [s for s in before if s[1] < cut] + list(after):
         out.setdefault(epoch, Counter()).update(idx)
     return out
 
 
-@pytest.mark.parametrize("hook", ["on_train_batch_start", "on_before_backward", "on_before_optimizer_step"])
+@pytest.mark.parametrize(
+    "hook", ["on_train_batch_start", "on_before_backward", "on_before_optimizer_step"]
+)
 def test_a_checkpoint_taken_inside_a_step_resumes_exactly_once(hook: str, tmp_path: Path) -> None:
     path = str(tmp_path / "inside.ckpt")
     first = run_distributed(_fit, hook, path, False)

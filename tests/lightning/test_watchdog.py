@@ -1,57 +1,141 @@
-"""The hang watchdog on 2 real gloo ranks: a rank stuck in its training_step ends the run.
+"""The hang watchdog on 2 real gloo ranks: a hung rank ends the run, a shared pause does not.
 
 Without it the ranks that reach the step's all-reduce wait for the stuck one until the
 process group's timeout (30 minutes on NCCL); the issue's probe saw both ranks alive after
-150 s. With the watchdog every rank ends with a ``RexRankError`` naming the stuck rank.
+150 s. With the watchdog every rank ends with a ``RexRankError`` naming the stuck rank, the
+stuck rank's process too. A pause every rank shares (a validation) followed by a slow fetch
+on one rank is not a hang: the old rule counted the stall from the last progress and killed
+such runs. ``REX_WATCHDOG_TRIALS`` (default 2) sets how many pause-and-lag fits run.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from tests.helpers.dist import run_distributed, run_expecting_failure
 from tests.helpers.models import RegModel, make_dataset
 from tests.helpers.trainer import quiet_trainer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from lightning_rex import RexCallback, RexStrategy
 
 pytestmark = pytest.mark.distributed
 
+LIMIT = 4.0
+POLL = LIMIT / 10  # the watchdog's poll at this limit
+PAUSE_S, LAG_S = 8.0, 1.0  # a validation on every rank, then one rank's slow fetch
+
 
 class _Sleeps(RegModel):
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, mark: str) -> None:
         super().__init__()
-        self.stuck = rank
+        self.stuck, self.mark = rank, mark
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.global_rank == self.stuck and self.global_step == 12:
+            Path(self.mark).write_text(str(time.monotonic()))  # one clock for every process
             time.sleep(10**6)
         return super().training_step(batch, batch_idx)
 
 
+class _SaysItsException(Callback):
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        Path(self.root, f"on_exception_{trainer.global_rank}").write_text(type(exception).__name__)
+
+
 def _fit(rank: int, stuck: int, root: str, timeout: float | None) -> int:
-    cb = RexCallback(window=10, hang_timeout=timeout)
-    t = quiet_trainer(strategy=RexStrategy(), max_steps=40, callbacks=[cb], default_root_dir=root)
-    model = _Sleeps(stuck)
-    t.fit(model, DataLoader(make_dataset(64 * 40), batch_size=32))
+    cbs = [RexCallback(window=10, hang_timeout=timeout), _SaysItsException(root)]
+    t = quiet_trainer(strategy=RexStrategy(), max_steps=40, callbacks=cbs, default_root_dir=root)
+    model = _Sleeps(stuck, os.path.join(root, "hung_at"))
+    try:
+        t.fit(model, DataLoader(make_dataset(64 * 40), batch_size=32))
+    finally:
+        Path(root, f"ended_{rank}").write_text(str(time.monotonic()))
     return t.global_step
 
 
 @pytest.mark.parametrize("stuck", [1, 0])
 def test_a_rank_asleep_in_its_training_step_ends_every_rank(stuck: int, tmp_path: Path) -> None:
-    t0 = time.monotonic()
-    out = run_expecting_failure(_fit, stuck, str(tmp_path), 4.0, deadline=60)
-    assert time.monotonic() - t0 < 60
+    out = run_expecting_failure(_fit, stuck, str(tmp_path), LIMIT, deadline=60)
     for r in (0, 1):
         assert out[r]["exitcode"] == 1, out  # ended, not killed at the deadline
         assert out[r]["error"] == "RexRankError", out
         assert f"lightning-rex failed on rank {stuck}" in out[r]["message"], out
         assert f"rank {stuck} made no progress" in out[r]["message"], out
+        # the on_exception hooks ran on both ranks, the one blocked in the all-reduce too
+        assert (tmp_path / f"on_exception_{r}").read_text() == "RexRankError"
+    # both processes ended on their error (the hung one's main thread too), not at the
+    # harness's deadline: the seconds from the hang, for the record
+    hung_at = float((tmp_path / "hung_at").read_text())
+    took = [float((tmp_path / f"ended_{r}").read_text()) - hung_at for r in (0, 1)]
+    print(f"ranks ended {took[0]:.2f} s and {took[1]:.2f} s after rank {stuck} hung")
+    assert max(took) < 10 * LIMIT, took
+
+
+class _LagsAfterValidation(Dataset):
+    """The train data; rank 1's first fetch after each validation takes ``lag`` seconds."""
+
+    def __init__(self, n: int, rank: int, lag: float) -> None:
+        self.data, self.rank, self.lag = make_dataset(n), rank, lag
+        self.owed = False
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> Any:
+        if self.owed and self.rank == 1:
+            self.owed = False
+            time.sleep(self.lag)
+        return self.data[i]
+
+
+class _PausesInValidation(RegModel):
+    def __init__(self, data: _LagsAfterValidation, pause: float) -> None:
+        super().__init__()
+        self.data, self.pause = data, pause
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        time.sleep(self.pause)  # every rank, in one validation batch
+
+    def on_validation_end(self) -> None:
+        self.data.owed = True
+
+
+def _pause_fit(rank: int, root: str, fits: int) -> list[int]:
+    steps = []
+    for _ in range(fits):
+        data = _LagsAfterValidation(32 * 2 * 15, rank, lag=LAG_S)
+        t = quiet_trainer(
+            strategy=RexStrategy(),
+            max_steps=15,
+            callbacks=[RexCallback(window=10, hang_timeout=LIMIT, hang_factor=1.0)],
+            default_root_dir=root,
+            val_check_interval=10,
+            check_val_every_n_epoch=None,
+            limit_val_batches=1,
+            num_sanity_val_steps=0,
+        )
+        model = _PausesInValidation(data, pause=PAUSE_S)
+        t.fit(model, DataLoader(data, batch_size=32), DataLoader(make_dataset(16), batch_size=16))
+        steps.append(t.global_step)
+    return steps
+
+
+def test_a_pause_on_every_rank_then_a_slow_fetch_on_one_is_not_a_hang(tmp_path: Path) -> None:
+    # the issue's scaled case: a 4 s limit, 8 s of validation on both ranks, then rank 1's
+    # next fetch takes 1 s; one validation per fit (after step 10)
+    fits = int(os.environ.get("REX_WATCHDOG_TRIALS", "2"))
+    out = run_distributed(_pause_fit, str(tmp_path), fits, timeout=60 + 20 * fits)
+    assert out == [[15] * fits, [15] * fits]
 
 
 def test_a_run_with_slow_steps_is_not_taken_for_a_hang(tmp_path: Path) -> None:

@@ -36,10 +36,12 @@ from lightning_rex.driver.exchange import ExchangeMessage
 from lightning_rex.driver.gathering import Gathering, as_seconds
 from lightning_rex.driver.joining import fitted_first_plan, join
 from lightning_rex.driver.observer import BackgroundObserver, Pending
+from lightning_rex.driver.prior import warn_uncovered
 from lightning_rex.driver.protocols import Collectives, Decider, PlanTarget
 from lightning_rex.driver.records import pending_record
 from lightning_rex.driver.scheduling import agreed_step
-from lightning_rex.driver.windows import usable_steps, window_of
+from lightning_rex.driver.stopping import StopRequests
+from lightning_rex.driver.windows import usable_steps, window_info, window_of
 
 __all__ = ["WindowDriver"]
 
@@ -108,6 +110,7 @@ class WindowDriver:
         self.dropped = 0
         self.device_keys: list[str] = []
         self.failed = False
+        self.stops = StopRequests()  #: a preemption signal's, carried by the next exchange
         self._failures = Failures()
         self._exchange_at: int | None = None
         self.gathering = Gathering()  # the window in progress
@@ -170,8 +173,9 @@ class WindowDriver:
             step: The first step of this fit.
             device_keys: Each hosted rank's device identity (a GPU's name, or ``"cpu"``).
             state: A :meth:`state_dict` from a checkpoint, or None for a fresh start.
-            prior: Rates per device identity for a fresh start's first plan
-                (:func:`~lightning_rex.driver.prior.load_prior`); rank 0's is used.
+            prior: Rates per device identity for a fresh start's first plan (rank 0's is used;
+                it warns when a rank's device is missing:
+                :func:`~lightning_rex.driver.prior.warn_uncovered`).
 
         Raises:
             StateError: On every rank alike, when the checkpoint state breaks an invariant.
@@ -209,6 +213,8 @@ class WindowDriver:
         # rates measured before (a resume on another world size) or given (a fresh start's
         # prior): the fitted plan instead of the one the schedule holds
         rates = saved["device_rates"] if saved is not None else joined.prior
+        if saved is None and joined.prior is not None and self.is_rank_zero:
+            warn_uncovered(joined.prior, joined.device_keys)
         first = fitted_first_plan(rates, joined, sched, step)
         if first is not None and not same and self.config.apply_plans:
             plan = self.target.schedule_plan(*first)
@@ -305,14 +311,7 @@ class WindowDriver:
         window = window_of(times, gathering.plan, gathering.steps, good, wall)
         gathering.resumed = False
         samples = num_steps * sum(gathering.plan)  # the true global count, not N x rank 0's
-        info = {
-            "telemetry": telemetry,
-            "window_samples": samples,
-            "window_wall_s": None if math.isnan(wall) else wall,
-            "global_samples_per_s": samples / wall if wall > 0 else None,
-            "dropped_samples": bad,
-            "warmup_steps": warmup,
-        }
+        info = window_info(telemetry, samples, wall, bad, warmup)
         caps = None if bool((caps_col < 0).all()) else [None if c < 0 else int(c) for c in caps_col]
         self.observer.submit(window, info, caps, due)
 
@@ -342,12 +341,13 @@ class WindowDriver:
                 ).to_row(world_size)
         if self._failures.failure is not None and self.is_rank_zero:
             ready, row = [], ExchangeMessage(failed=True).to_row(world_size)
-        # every rank's failure flag and first unfetched step, then rank 0's decisions
-        local = np.zeros((self.collectives.hosted, 2))
-        local[:, 0] = self._flags()
-        local[:, 1] = self.target.first_free_step()
+        # every rank's failure flag, first unfetched step and stop request; rank 0's decisions
+        local = np.zeros((self.collectives.hosted, 3))
+        local[:, 0], local[:, 1] = self._flags(), self.target.first_free_step()
+        local[:, 2] = self.stops.column(self.collectives.hosted)
         gathered = self.collectives.gather_rows(local)
         self._check(gathered[:, 0], f"the exchange at step {step}")
+        self.stops.agree(gathered[:, 2], step)
         msg = ExchangeMessage.from_row(self.collectives.broadcast_row(row))
         if msg.failed:
             self._check(np.r_[1.0, np.zeros(world_size - 1)], f"the exchange at step {step}")

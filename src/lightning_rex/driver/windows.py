@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from lightning_rex.core.plans.plan import Plan
 from lightning_rex.core.window import Window
 
-__all__ = ["usable_steps", "window_of"]
+__all__ = ["usable_steps", "window_info", "window_of"]
 
 
 def usable_steps(times: np.ndarray, steps: Sequence[int], dropped: int) -> tuple[np.ndarray, int]:
@@ -63,3 +64,29 @@ def window_of(
     kept = [s for s, g in zip(steps, good) if g]
     whole = bool(good.all()) and math.isfinite(wall) and wall >= 0
     return Window(times[:, good], plan, kept[0], steps[-1] + 1, wall if whole else None)
+
+
+def window_info(
+    telemetry: Any, samples: int, wall: float, dropped: int, warmup: int | None
+) -> dict[str, Any]:
+    """What a window's record holds beside the window itself.
+
+    Args:
+        telemetry: Every rank's telemetry sample, or None.
+        samples: The window's global samples (its steps times the plan's sum).
+        wall: Its wall-clock seconds (NaN when it does not cover every step).
+        dropped: Samples dropped from it.
+        warmup: The warm-up's steps, on the first window after it (else None).
+
+    Returns:
+        The record's ``telemetry``, ``window_samples``, ``window_wall_s``,
+        ``global_samples_per_s``, ``dropped_samples`` and ``warmup_steps``.
+    """
+    return {
+        "telemetry": telemetry,
+        "window_samples": samples,
+        "window_wall_s": None if math.isnan(wall) else wall,
+        "global_samples_per_s": samples / wall if wall > 0 else None,
+        "dropped_samples": dropped,
+        "warmup_steps": warmup,
+    }

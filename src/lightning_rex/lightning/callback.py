@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, Checkpoint
 
 from lightning_rex.core.checks import keywords_checked
 from lightning_rex.core.plans.plan import Plan
@@ -32,7 +32,7 @@ from lightning_rex.driver.prior import PriorSource, load_prior
 from lightning_rex.lightning.scaling import setup_scaling
 from lightning_rex.lightning.session import FitSession, SessionOptions, StepTimeFn
 
-__all__ = ["RexCallback"]
+__all__ = ["RexCallback", "attach_default_callback", "exceptions_handled"]
 
 _D, _L, _W = DecisionSettings(), LoopConfig(), WindowSpec()  # the defaults, written once
 
@@ -88,21 +88,33 @@ class RexCallback(Callback):
             its training steps for this many seconds, or ``hang_factor`` times the slowest
             rank's typical step if that is longer, while another rank is ahead of it, every
             rank raises a :class:`~lightning_rex.RexRankError` naming it and the run ends
-            (see docs/callback.md). None turns it off. Default 600 s (NCCL's own timeout
-            is 30 minutes).
+            (see docs/callback.md). A pause every rank shares (validation, a checkpoint, a
+            slow first step) is never counted. None turns it off. Default 600 s (NCCL's
+            own timeout is 30 minutes).
         hang_factor: See ``hang_timeout`` (>= 1).
         prior: What is known of the devices before this fit, for a fresh fit's first plan
             instead of the even split: rates ``{device: [samples/s, overhead s]}``, a
             previous run's ``rex_decisions.jsonl`` (or its run directory), a profile from
             ``examples/profile_curve.py``, or a list of these (see
-            :mod:`lightning_rex.driver.prior`). Used when every rank's device is in it;
-            read when the callback is built, so a bad source fails at once. A resumed fit
-            keeps its checkpoint's plan.
+            :mod:`lightning_rex.driver.prior`). Used when every rank's device is in it
+            (otherwise rank 0 warns at a fresh fit's start, naming the devices it lacks);
+            read and checked when the callback is built, so a bad source (a malformed or
+            non-finite value, an empty path, a profile whose time falls with the size, a
+            file over its size limit) fails at once with a ``ValueError`` naming ``prior``,
+            the file, the device and the value. A resumed fit keeps its checkpoint's plan.
         verbose: Print one line per decision on rank 0, through Lightning's logging (the
             ``lightning.pytorch.lightning_rex`` logger, at INFO, printed with Lightning's
             messages): the new plan and from which step, why, and the predicted gain; holds
             are not printed. False keeps the terminal quiet (every decision is still in
             ``rex_decisions.jsonl`` and the loggers).
+        preemption: During the fit, SIGTERM (on any rank, or all) and, under SLURM's
+            auto-requeue, its requeue signal are carried to every rank through the next
+            exchange (no collective runs in a signal handler, so nothing deadlocks); every
+            rank then saves one checkpoint at the same step (``hpc_ckpt_<n>.ckpt`` in the
+            Trainer's ``default_root_dir``: SLURM resumes from it by itself, elsewhere
+            ``ckpt_path="hpc"``), SLURM's job is requeued, and the fit stops with
+            Lightning's ``SIGTERMException`` (exit code 0). See docs/howto/preemption.md.
+            False leaves Lightning's own handlers.
 
     Raises:
         ValueError: For arguments outside the ranges above, naming the argument.
@@ -129,6 +141,7 @@ class RexCallback(Callback):
         hang_factor: float = 20.0,
         prior: PriorSource | None = None,
         verbose: bool = True,
+        preemption: bool = True,
     ) -> None:
         # one window object, for the loop and the controller's settings alike
         spec = WindowSpec(window, looks, warmup, max_warmup)
@@ -151,6 +164,7 @@ class RexCallback(Callback):
             hang_factor,
             prior=None if prior is None else load_prior(prior),
             verbose=verbose,
+            preemption=preemption,
         )
         # tests and replays only: fn(rank, step, micro_batch) -> seconds replaces measurements
         self._step_time_fn: StepTimeFn | None = None
@@ -263,8 +277,19 @@ class RexCallback(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        """Release the gradient hooks and the background thread (no collective)."""
-        self._release()
+        """Release the gradient hooks and the background thread (no collective).
+
+        Under a rex strategy the hang watchdog goes on watching the other exception
+        handlers (their collectives included) until the strategy has run them all
+        (:meth:`exception_handled`); under another strategy it stops here.
+        """
+        if self.session is not None:
+            self.session.release(watch_handlers=self.session.strategy is not None)
+
+    def exception_handled(self) -> None:
+        """Every ``on_exception`` hook has run (a rex strategy's own): stop watching for a hang."""
+        if self.session is not None:
+            self.session.stop_watching()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Release the gradient hooks and the background thread."""
@@ -297,3 +322,28 @@ class RexCallback(Callback):
             state_dict: A dictionary from :meth:`state_dict`.
         """
         self._loaded = dict(state_dict) if state_dict else None
+
+
+def attach_default_callback(callbacks: list[Callback]) -> None:
+    """Insert a default :class:`RexCallback` into a Trainer's callbacks if none is there.
+
+    It goes ahead of the checkpoint callbacks (which Lightning has already moved to the
+    end), so that a checkpoint taken at a step holds the callback's state of that step.
+
+    Args:
+        callbacks: ``trainer.callbacks``, changed in place.
+    """
+    if not any(isinstance(c, RexCallback) for c in callbacks):
+        checkpoints = (i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint))
+        callbacks.insert(next(checkpoints, len(callbacks)), RexCallback())
+
+
+def exceptions_handled(callbacks: list[Callback]) -> None:
+    """Tell every :class:`RexCallback` among ``callbacks`` that each ``on_exception`` hook ran.
+
+    Args:
+        callbacks: ``trainer.callbacks``.
+    """
+    for callback in callbacks:
+        if isinstance(callback, RexCallback):
+            callback.exception_handled()

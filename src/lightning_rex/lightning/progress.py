@@ -17,6 +17,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loops.loop import _Loop
+from lightning.pytorch.loops.progress import _ProcessedTracker
 
 __all__ = [
     "batches_in_flight",
@@ -105,6 +106,8 @@ def batches_in_flight(trainer: pl.Trainer) -> int:
         Lightning's ready count less its processed count, in the current epoch.
     """
     progress = trainer.fit_loop.epoch_loop.batch_progress.current
+    if not isinstance(progress, _ProcessedTracker):  # a batch progress always is one
+        return 0
     return max(0, int(progress.ready) - int(progress.processed))
 
 

@@ -3,9 +3,9 @@
 A :class:`FitSession` is built when a fit's training starts (the train loader, and so the
 plan schedule, exists by then) and holds everything that lives for that fit: the window
 driver (the loop the simulator runs too), this rank's compute timer, memory bound and NVML
-telemetry, the decision log, global batch scaling's gradient norms and learning rate, and
-the hang watchdog. It supplies what only Lightning knows (the step, the device, the
-loggers) to the driver through its two protocols: the collectives (over
+telemetry, the decision log, global batch scaling's gradient norms and learning rate, the
+hang watchdog and the preemption signals' handlers. It supplies what only Lightning knows
+(the step, the device, the loggers) to the driver through its two protocols: the collectives (over
 ``torch.distributed``) and the plan target (the strategy's sampler). With a strategy that is
 not an :class:`~lightning_rex.lightning.interfaces.UnevenStrategy` (plain ``ddp``) the plan
 target is a frozen schedule and the session only monitors.
@@ -36,11 +36,12 @@ from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.protocols import Decider, PlanTarget, ScheduleTarget
 from lightning_rex.driver.records import DecisionLog, decision_line, window_metrics
 from lightning_rex.lightning.collectives import driver_collectives
+from lightning_rex.lightning.guards import FitGuards
 from lightning_rex.lightning.interfaces import UnevenStrategy
+from lightning_rex.lightning.preemption import preempt
 from lightning_rex.lightning.progress import fraction_done, is_logging_step, is_step_end, steps_done
 from lightning_rex.lightning.scaling import TrainingScaling, amp_scales, unscale_rates
 from lightning_rex.lightning.schedules import unwrap_schedulers, wrap_schedulers
-from lightning_rex.lightning.watchdog import HangWatchdog, default_store
 from lightning_rex.measure.telemetry import GpuTelemetry, MemoryBound, device_key
 from lightning_rex.measure.timing import ComputeTimer
 
@@ -70,6 +71,9 @@ class SessionOptions:
         step_time_fn: Injected step times, in place of measurements (tests, replays).
         prior: Rates per device identity for a fresh fit's first plan, or None.
         verbose: Print one line per decision that is not a hold, on rank 0.
+        preemption: Carry SIGTERM and SLURM's requeue signal to every rank through the
+            next exchange, then checkpoint every rank at one step and stop
+            (:mod:`~lightning_rex.lightning.preemption`); False leaves Lightning's handlers.
 
     Raises:
         ValueError: Naming the argument, for a value outside its range, or a loop whose
@@ -85,6 +89,7 @@ class SessionOptions:
     step_time_fn: StepTimeFn | None = None
     prior: dict[str, list[float]] | None = None
     verbose: bool = True
+    preemption: bool = True
 
     def __post_init__(self) -> None:
         if self.loop.window is not self.settings.window:
@@ -98,6 +103,8 @@ class SessionOptions:
             raise ValueError(f"hang_factor must be a number >= 1, got {self.hang_factor!r}")
         if not isinstance(self.verbose, bool):
             raise ValueError(f"verbose must be True or False, got {self.verbose!r}")
+        if not isinstance(self.preemption, bool):
+            raise ValueError(f"preemption must be True or False, got {self.preemption!r}")
 
 
 class FitSession:
@@ -153,7 +160,7 @@ class FitSession:
         )
         self.timer.attach_to(module)
         self.scaling: TrainingScaling | None = None
-        self.watchdog: HangWatchdog | None = None
+        self.guards = FitGuards(options.hang_timeout, options.hang_factor, options.preemption)
 
     @classmethod
     def open(
@@ -229,18 +236,7 @@ class FitSession:
                 f"the plan {sched.plan_at(self.driver.measuring_from)} (rates known per device: "
                 f"{sorted(loaded.get('device_rates', {}))})"
             )
-        timeout = self.options.hang_timeout
-        store = default_store() if trainer.world_size > 1 and timeout is not None else None
-        if store is not None and timeout is not None:
-            self.watchdog = HangWatchdog(
-                store,
-                trainer.global_rank,
-                trainer.world_size,
-                self.driver.run_id,
-                timeout,
-                self.options.hang_factor,
-            )
-            self.watchdog.start()
+        self.guards.start(trainer, self.driver.run_id, self.driver.stops)
 
     def _decider(self, plan: Plan, bounds: SizeBounds) -> Decider:
         keys = list(self.driver.device_keys)
@@ -253,10 +249,12 @@ class FitSession:
     def batch_start(self) -> None:
         """Start timing this rank's compute (and follow the global batch with the rate)."""
         trainer = self.trainer
-        if self.watchdog is not None:
-            self.watchdog.advance()
+        self.guards.advance()
         if not self.started:
             return
+        stop = self.driver.stops.agreed
+        if stop is not None:  # every rank, at the first batch after the exchange agreed it
+            preempt(trainer, stop)
         # what every rank must agree on is computed from shared state, outside any guard
         if not self.micro:
             self.step = steps_done(trainer)
@@ -283,13 +281,11 @@ class FitSession:
 
     def before_backward(self) -> None:
         """The hang watchdog: this rank reached its backward (and so its collectives)."""
-        if self.watchdog is not None:
-            self.watchdog.advance()
+        self.guards.advance()
 
     def batch_end(self) -> None:
         """Close the micro-batch; at the end of a step, hand its sample to the driver."""
-        if self.watchdog is not None:
-            self.watchdog.advance(step_end=True)
+        self.guards.advance(step_end=True)
         if not self.started:
             return
         with self.driver.guard("stopping the step timer"):
@@ -345,22 +341,38 @@ class FitSession:
     def end(self) -> None:
         """Agree that no rank failed (every rank, at the end of training)."""
         if self.started:
+            self.guards.advance()  # a rank that never arrives is behind the others
             self.driver.finish()
 
-    def release(self) -> None:
-        """Release the gradient hooks, the threads and the signal handler (no collective)."""
-        if self.watchdog is not None:
-            self.watchdog.stop()
-            self.watchdog = None
+    def release(self, watch_handlers: bool = False) -> None:
+        """Release the gradient hooks, the threads and the signal handlers (no collective).
+
+        Args:
+            watch_handlers: The fit is ending on an exception: the watchdog goes on watching
+                its handlers until :meth:`stop_watching` (or a limit); otherwise it stops.
+        """
+        self.guards.release(watch_handlers)
         self.timer.detach()
         if self.scaling is not None:
             self.scaling.norms.remove()
             unwrap_schedulers(self.trainer.lr_scheduler_configs)
         self.driver.close()
 
+    def stop_watching(self) -> None:
+        """Stop the hang watchdog (the fit ended, or every exception handler has run)."""
+        self.guards.stop_watching()
+
     def state_dict(self) -> dict[str, Any]:
-        """The loop's state and global batch scaling's (every rank; one collective)."""
+        """The loop's state and global batch scaling's (every rank; one collective).
+
+        Empty once the watchdog has found a silent rank: its peers are gone or stuck, so no
+        collective is started (the checkpoint keeps the loader's position, which is exact).
+        """
+        if self.guards.error is not None:
+            return {}
+        self.guards.advance()  # around the gather: a rank that never arrives is behind
         state = self.driver.state_dict()
+        self.guards.advance()
         if self.scaling is not None:
             state["batch_scaling"] = self.scaling.state_dict()
         return state

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -25,7 +24,7 @@ from lightning_rex.core.plans.schedule import PlanSchedule, SizeBounds
 from lightning_rex.data.loader import RexDataLoader, build_rex_loader
 from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction
 from lightning_rex.driver.scheduling import agree
-from lightning_rex.lightning.callback import RexCallback
+from lightning_rex.lightning.callback import attach_default_callback, exceptions_handled
 from lightning_rex.lightning.collectives import driver_collectives
 from lightning_rex.lightning.pass_caps import PassCaps
 from lightning_rex.lightning.plan_target import TrainSampler
@@ -159,13 +158,7 @@ class UnevenPlans(PassCaps, Weighted):
         module = self.lightning_module
         trainer = module._trainer if module is not None else None
         if self.adaptive and trainer is not None:
-            callbacks = trainer.callbacks
-            if not any(isinstance(c, RexCallback) for c in callbacks):
-                position = next(
-                    (i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)),
-                    len(callbacks),
-                )
-                callbacks.insert(position, RexCallback())
+            attach_default_callback(trainer.callbacks)
         super().setup_environment()  # type: ignore[misc]
 
     # ------------------------------------------------------------------ bounds and plans
@@ -442,6 +435,12 @@ class UnevenPlans(PassCaps, Weighted):
                 "samples. Please report this with your Lightning version."
             )
         super().on_train_start()  # type: ignore[misc]
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Every ``on_exception`` hook has run: the callback's watchdog stops watching them."""
+        module = self.lightning_module
+        exceptions_handled(module._trainer.callbacks if module and module._trainer else [])
+        super().on_exception(exception)  # type: ignore[misc]
 
     def teardown(self) -> None:
         """Tear DDP down; the train loader is kept so ``plan`` stays readable after fit."""
