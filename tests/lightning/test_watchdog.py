@@ -115,7 +115,9 @@ def _pause_fit(rank: int, root: str, fits: int) -> list[int]:
     for _ in range(fits):
         data = _LagsAfterValidation(32 * 2 * 15, rank, lag=LAG_S)
         t = quiet_trainer(
-            strategy=RexStrategy(),
+            # rank 0 trains its micro-batch in passes of 8, rank 1 in one: their backward
+            # counts differ, their progress must not
+            strategy=RexStrategy(max_pass_sizes=[8, None]),
             max_steps=15,
             callbacks=[RexCallback(window=10, hang_timeout=LIMIT, hang_factor=1.0)],
             default_root_dir=root,
@@ -163,3 +165,67 @@ def test_a_run_with_slow_steps_is_not_taken_for_a_hang(tmp_path: Path) -> None:
         return t.global_step
 
     assert run_distributed(fit) == [30, 30]
+
+
+class _StuckSaving(Callback):
+    """Rank 1 sleeps in its ``state_dict`` (ahead of rex's own in the callback list)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        if torch.distributed.get_rank() == 1:
+            time.sleep(10**6)
+        return {}
+
+
+class _SavesAtStep12(Callback):
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == 12:
+            trainer.save_checkpoint(os.path.join(trainer.default_root_dir, "at12.ckpt"))
+
+
+def _fit_stuck_saving(rank: int, root: str) -> int:
+    cbs = [_SavesAtStep12(), _StuckSaving(), RexCallback(window=10, hang_timeout=LIMIT)]
+    t = quiet_trainer(strategy=RexStrategy(), max_steps=40, callbacks=cbs, default_root_dir=root)
+    t.fit(RegModel(), DataLoader(make_dataset(64 * 40), batch_size=32))
+    return t.global_step
+
+
+def test_a_rank_stuck_before_rexs_checkpoint_gather_is_found(tmp_path: Path) -> None:
+    # rank 0 waits in rex's gather for rank 1, stuck in the callback before it: progress
+    # advances around rex's collectives, so rank 1 is behind (both at the same step's end
+    # otherwise, and no rule could tell them apart)
+    out = run_expecting_failure(_fit_stuck_saving, str(tmp_path), deadline=60)
+    for r in (0, 1):
+        assert out[r]["exitcode"] == 1, out
+        assert "rank 1 made no progress" in out[r]["message"], out
+
+
+class _Fails(RegModel):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_rank == 1 and self.global_step == 12:
+            raise ValueError("a bug on rank 1 only")
+        return super().training_step(batch, batch_idx)
+
+
+def _fit_failing(rank: int, root: str) -> int:
+    from lightning.pytorch.callbacks import OnExceptionCheckpoint
+
+    cbs = [RexCallback(window=10, hang_timeout=LIMIT), OnExceptionCheckpoint(root)]
+    t = quiet_trainer(
+        strategy=RexStrategy(),
+        max_steps=40,
+        callbacks=cbs,
+        default_root_dir=root,
+        enable_checkpointing=True,
+    )
+    t.fit(_Fails(), DataLoader(make_dataset(64 * 40), batch_size=32))
+    return t.global_step
+
+
+def test_an_exception_on_one_rank_whose_handlers_then_hang_ends_both_processes(
+    tmp_path: Path,
+) -> None:
+    # rank 1's OnExceptionCheckpoint starts a collective while rank 0 waits in the step's
+    # all-reduce: the watchdog, still watching the handlers, ends rank 1 a limit later
+    # (it used to stop in rex's on_exception, before OnExceptionCheckpoint ran)
+    out = run_expecting_failure(_fit_failing, str(tmp_path), deadline=60)
+    assert out[0]["exitcode"] == 1 and out[1]["exitcode"] == 1, out

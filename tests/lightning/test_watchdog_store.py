@@ -6,6 +6,8 @@ import gc
 import weakref
 from typing import Any
 
+import pytest
+
 from lightning_rex.lightning.watchdog import HangWatchdog
 
 
@@ -95,19 +97,67 @@ def test_rank_0_stays_until_the_silent_rank_has_read_the_verdict_then_ends() -> 
     assert len(exits) == 1
 
 
-def test_a_rank_whose_handlers_finish_is_not_ended_and_closing_puts_the_exit_off() -> None:
+def test_a_rank_stopped_before_its_exit_is_not_ended() -> None:
+    # the verdict was raised into the main thread, which handled it and stopped the watchdog
     import threading
 
     from lightning_rex.driver.errors import RexRankError
 
     store, exits = _Store(), []
     store.set("rex/hang/run/a1", "1")
-    dog = _dog(store, 0, exits, grace_s=0.3)
+    dog = _dog(store, 0, exits, grace_s=5.0)
     worker = threading.Thread(target=dog._act, args=(1, RexRankError(1, "stuck")))
     worker.start()
     assert _wait_for(lambda: dog.error is not None)
-    dog.close()  # on_exception: the handlers run, the exit waits a limit (60 s) for them
-    assert not _wait_for(lambda: bool(exits), 1.0)
-    dog.stop()  # the strategy ran every handler
+    dog.stop()
     worker.join(30)
     assert not worker.is_alive() and exits == []
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_rank_whose_publication_stops_changing_ages_on_rank_0s_clock() -> None:
+    # a rank killed, frozen or cut off leaves its last (progress, small age) in the store:
+    # rank 0 ages it from when it first read it, and finds the rank behind
+    store, clock = _Store(), _Clock()
+    judge = HangWatchdog(store, 0, 2, "run", floor_s=4.0, factor=1.0, clock=clock)
+    store.set("rex/hang/run/p0", "0 nan 0 1")
+    store.set("rex/hang/run/p1", "7 0.1 0.2 31")  # rank 1's last words
+    judge.progress = 8
+    assert judge._look() is None
+    clock.t += 3.0
+    judge.advance()  # rank 0 waits at 9 from now on
+    clock.t += 3.9
+    assert judge._look() is None  # rank 1 silent for 7.1 s, but behind rank 0 for 3.9 s
+    clock.t += 0.2
+    hang = judge._look()
+    assert hang is not None and hang.rank == 1 and hang.stalled_s == pytest.approx(4.1)
+    # a rank that keeps publishing is aged by what it says, not by rank 0's clock
+    store.set("rex/hang/run/p1", "9 0.1 0.3 32")
+    assert judge._look() is None
+
+
+def test_the_handlers_of_an_exception_are_ended_a_few_limits_later_unless_stopped() -> None:
+    from lightning_rex.lightning.watchdog import CLOSING_LIMITS
+
+    store, exits = _Store(), []
+    dog = HangWatchdog(store, 1, 2, "run", floor_s=0.3, factor=1.0)
+    dog._exit = exits.append  # type: ignore[method-assign]
+    store.set("rex/hang/run/v", '{"seq": 5, "hang": null}')
+    dog.close()  # on_exception: the handlers run, and never end
+    worker = __import__("threading").Thread(target=dog._run)
+    worker.start()
+    assert _wait_for(lambda: bool(exits))
+    assert f"ran for {CLOSING_LIMITS} limits" in exits[0]
+    worker.join(30)
+    stopped = HangWatchdog(_Store(), 1, 2, "run", floor_s=0.3, factor=1.0)
+    stopped._exit = exits.append  # type: ignore[method-assign]
+    stopped.close()
+    stopped.stop(on_error=True)  # the strategy ran every handler
+    assert len(exits) == 1

@@ -55,7 +55,7 @@ class StopRequests:
         """Record a request (safe in a signal handler: no lock, no collective, no I/O).
 
         Args:
-            kind: What was asked for; a weaker request after a stronger one is kept weaker.
+            kind: What was asked for; after a stronger request a weaker one changes nothing.
         """
         self.local = StopKind(max(int(self.local), int(kind)))
 

@@ -29,6 +29,7 @@ from lightning_rex.core.window_spec import WindowSpec
 from lightning_rex.driver.config import LoopConfig
 from lightning_rex.driver.loop import WindowDriver
 from lightning_rex.driver.prior import PriorSource, load_prior
+from lightning_rex.lightning.interfaces import ReportsHandledExceptions
 from lightning_rex.lightning.scaling import setup_scaling
 from lightning_rex.lightning.session import FitSession, SessionOptions, StepTimeFn
 
@@ -284,12 +285,13 @@ class RexCallback(Callback):
         (:meth:`exception_handled`); under another strategy it stops here.
         """
         if self.session is not None:
-            self.session.release(watch_handlers=self.session.strategy is not None)
+            watched = isinstance(trainer.strategy, ReportsHandledExceptions)
+            self.session.release(watch_handlers=watched, on_error=True)
 
     def exception_handled(self) -> None:
         """Every ``on_exception`` hook has run (a rex strategy's own): stop watching for a hang."""
         if self.session is not None:
-            self.session.stop_watching()
+            self.session.stop_watching(on_error=True)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Release the gradient hooks and the background thread."""
@@ -338,12 +340,13 @@ def attach_default_callback(callbacks: list[Callback]) -> None:
         callbacks.insert(next(checkpoints, len(callbacks)), RexCallback())
 
 
-def exceptions_handled(callbacks: list[Callback]) -> None:
-    """Tell every :class:`RexCallback` among ``callbacks`` that each ``on_exception`` hook ran.
+def exceptions_handled(trainer: pl.Trainer | None) -> None:
+    """Tell every :class:`RexCallback` of ``trainer`` that each ``on_exception`` hook ran.
 
     Args:
-        callbacks: ``trainer.callbacks``.
+        trainer: The Trainer (None: there is nothing to tell).
     """
+    callbacks: list[Callback] = [] if trainer is None else trainer.callbacks  # type: ignore[attr-defined]
     for callback in callbacks:
         if isinstance(callback, RexCallback):
             callback.exception_handled()

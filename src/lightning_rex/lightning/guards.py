@@ -10,6 +10,8 @@ ends on an exception, once every exception handler has run.
 
 from __future__ import annotations
 
+import warnings
+
 import lightning.pytorch as pl
 
 from lightning_rex.driver.errors import RexRankError
@@ -33,6 +35,8 @@ class FitGuards:
         self.hang_timeout, self.hang_factor, self.preemption = hang_timeout, hang_factor, preemption
         self.watchdog: HangWatchdog | None = None
         self.signals: SignalCatcher | None = None
+        self._stops: StopRequests | None = None
+        self._backward = False
 
     def start(self, trainer: pl.Trainer, run_id: str, stops: StopRequests) -> None:
         """Every rank, once the window loop has started (its run id names the fit).
@@ -50,6 +54,7 @@ class FitGuards:
             )
             self.watchdog.start()
         if self.preemption:
+            self._stops = stops
             self.signals = SignalCatcher(trainer, stops.request)
             self.signals.install()
 
@@ -62,28 +67,55 @@ class FitGuards:
         """This rank passed a point of a step, or of one of rex's collectives.
 
         Args:
-            step_end: Whether the point ends a step.
+            step_end: Whether the point ends a step (or a micro-batch).
         """
         if self.watchdog is not None:
             self.watchdog.advance(step_end)
+        if step_end:
+            self._backward = False
 
-    def release(self, watch_handlers: bool = False) -> None:
-        """Put the signal handlers back; stop the watchdog, or let it watch the handlers.
+    def backward(self) -> None:
+        """This rank reached a micro-batch's backward: one point, however many passes.
+
+        A rank that splits its micro-batch into more accumulation passes than another calls
+        ``backward`` more often; counting each would leave it ahead for good, and a long
+        pause every rank shares would look like a hang of the others.
+        """
+        if not self._backward:
+            self._backward = True
+            self.advance()
+
+    def release(self, watch_handlers: bool = False, on_error: bool = False) -> None:
+        """Let go at the fit's end, or let the watchdog and handlers watch its exception's.
 
         Args:
-            watch_handlers: The fit is ending on an exception: the watchdog goes on watching
-                its handlers until :meth:`stop_watching` (a limit at most).
+            watch_handlers: The fit is ending on an exception under a rex strategy: the
+                watchdog watches its handlers, and rex's signal handlers stay (Lightning's
+                run collectives), until :meth:`stop_watching`.
+            on_error: The fit is ending on an exception (whether or not it is watched).
         """
-        if self.signals is not None:
-            self.signals.uninstall()
-            self.signals = None
         if self.watchdog is not None and watch_handlers:
             self.watchdog.close()
         else:
-            self.stop_watching()
+            self.stop_watching(on_error)
 
-    def stop_watching(self) -> None:
-        """Stop the watchdog (the fit ended, or every exception handler has run)."""
+    def stop_watching(self, on_error: bool = False) -> None:
+        """Stop the watchdog and put the signal handlers back (no collective).
+
+        Args:
+            on_error: The fit ended on an exception (rank 0 tells the other ranks so).
+        """
         if self.watchdog is not None:
-            self.watchdog.stop()
+            self.watchdog.stop(on_error)
             self.watchdog = None
+        signals, self.signals = self.signals, None
+        if signals is not None:
+            signals.uninstall()
+            stops = self._stops
+            if signals.received and stops is not None and stops.agreed is None:
+                warnings.warn(  # on the rank that got it
+                    "lightning-rex: a preemption signal arrived after the fit's last exchange;"
+                    " the fit ended first, so no preemption checkpoint was taken",
+                    UserWarning,
+                    stacklevel=2,
+                )

@@ -15,7 +15,7 @@ from lightning_rex.core.plans.schedule import SizeBounds
 from lightning_rex.data.weighting import LossReduction
 from lightning_rex.driver.protocols import PlanTarget
 
-__all__ = ["UnevenStrategy"]
+__all__ = ["ReportsHandledExceptions", "UnevenStrategy"]
 
 
 @runtime_checkable
@@ -58,3 +58,13 @@ class UnevenStrategy(Protocol):
     def set_memory_cap(self, cap: int | None) -> None:
         """The pass cap this rank's memory allows, from the next step (measured on CUDA)."""
         ...
+
+
+class ReportsHandledExceptions:
+    """A strategy that says when every ``on_exception`` hook has run (a marker base class).
+
+    It calls :func:`~lightning_rex.lightning.callback.exceptions_handled` from its own
+    ``on_exception`` and its ``teardown``. A :class:`~lightning_rex.RexCallback` keeps its
+    hang watchdog and signal handlers through an exception's handlers only under such a
+    strategy (not a protocol: a strategy that only looks alike would never stop them).
+    """

@@ -281,7 +281,7 @@ class FitSession:
 
     def before_backward(self) -> None:
         """The hang watchdog: this rank reached its backward (and so its collectives)."""
-        self.guards.advance()
+        self.guards.backward()
 
     def batch_end(self) -> None:
         """Close the micro-batch; at the end of a step, hand its sample to the driver."""
@@ -344,23 +344,28 @@ class FitSession:
             self.guards.advance()  # a rank that never arrives is behind the others
             self.driver.finish()
 
-    def release(self, watch_handlers: bool = False) -> None:
+    def release(self, watch_handlers: bool = False, on_error: bool = False) -> None:
         """Release the gradient hooks, the threads and the signal handlers (no collective).
 
         Args:
-            watch_handlers: The fit is ending on an exception: the watchdog goes on watching
-                its handlers until :meth:`stop_watching` (or a limit); otherwise it stops.
+            watch_handlers: The fit is ending on an exception under a rex strategy: the
+                watchdog and rex's signal handlers stay until :meth:`stop_watching`.
+            on_error: The fit is ending on an exception.
         """
-        self.guards.release(watch_handlers)
+        self.guards.release(watch_handlers, on_error)
         self.timer.detach()
         if self.scaling is not None:
             self.scaling.norms.remove()
             unwrap_schedulers(self.trainer.lr_scheduler_configs)
         self.driver.close()
 
-    def stop_watching(self) -> None:
-        """Stop the hang watchdog (the fit ended, or every exception handler has run)."""
-        self.guards.stop_watching()
+    def stop_watching(self, on_error: bool = False) -> None:
+        """Stop the hang watchdog (the fit ended, or every exception handler has run).
+
+        Args:
+            on_error: The fit ended on an exception.
+        """
+        self.guards.stop_watching(on_error)
 
     def state_dict(self) -> dict[str, Any]:
         """The loop's state and global batch scaling's (every rank; one collective).

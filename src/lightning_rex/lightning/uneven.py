@@ -26,6 +26,7 @@ from lightning_rex.data.weighting import LOSS_REDUCTIONS, LossReduction
 from lightning_rex.driver.scheduling import agree
 from lightning_rex.lightning.callback import attach_default_callback, exceptions_handled
 from lightning_rex.lightning.collectives import driver_collectives
+from lightning_rex.lightning.interfaces import ReportsHandledExceptions
 from lightning_rex.lightning.pass_caps import PassCaps
 from lightning_rex.lightning.plan_target import TrainSampler
 from lightning_rex.lightning.progress import (
@@ -42,7 +43,7 @@ from lightning_rex.lightning.weighted import Weighted
 __all__ = ["UnevenPlans"]
 
 
-class UnevenPlans(PassCaps, Weighted):
+class UnevenPlans(PassCaps, Weighted, ReportsHandledExceptions):
     """A strategy mixin: REX's uneven train loader, plan schedule and size bounds.
 
     Args:
@@ -150,16 +151,17 @@ class UnevenPlans(PassCaps, Weighted):
     def setup_environment(self) -> None:
         """Attach a default :class:`~lightning_rex.RexCallback` when adaptive and none is given.
 
-        This runs before callbacks are set up and restored from a checkpoint, so the attached
-        callback takes part in both. It goes ahead of the checkpoint callbacks (which
-        Lightning has already moved to the end), so that a checkpoint taken at a step holds
-        the callback's state of that step.
+        It runs before callbacks are set up and restored from a checkpoint, so the callback
+        takes part in both (:func:`~lightning_rex.lightning.callback.attach_default_callback`).
         """
-        module = self.lightning_module
-        trainer = module._trainer if module is not None else None
+        trainer = self._trainer()
         if self.adaptive and trainer is not None:
             attach_default_callback(trainer.callbacks)
         super().setup_environment()  # type: ignore[misc]
+
+    def _trainer(self) -> Any:
+        module = self.lightning_module
+        return module._trainer if module is not None else None
 
     # ------------------------------------------------------------------ bounds and plans
     @property
@@ -213,7 +215,7 @@ class UnevenPlans(PassCaps, Weighted):
         Returns:
             A :class:`~lightning_rex.data.loader.RexDataLoader` for training, else ``dataloader``.
         """
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        trainer = self._trainer()
         if trainer is None or trainer.state.stage != RunningStage.TRAINING:
             return dataloader
         bounds = self.bounds
@@ -273,7 +275,7 @@ class UnevenPlans(PassCaps, Weighted):
         every epoch's start (when Lightning moves the sampler to the epoch) and whenever a
         new global batch re-cuts the rest of an epoch.
         """
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        trainer = self._trainer()
         if trainer is not None and self._loader is not None:
             set_epoch_length(trainer, len(self._loader))
 
@@ -408,7 +410,7 @@ class UnevenPlans(PassCaps, Weighted):
 
     def on_train_start(self) -> None:
         """Reject several train loaders, which one plan cannot split consistently."""
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        trainer = self._trainer()
         combined = trainer.fit_loop._combined_loader if trainer is not None else None
         if combined is not None and len(combined.flattened) > 1:
             raise ValueError(
@@ -438,11 +440,11 @@ class UnevenPlans(PassCaps, Weighted):
 
     def on_exception(self, exception: BaseException) -> None:
         """Every ``on_exception`` hook has run: the callback's watchdog stops watching them."""
-        module = self.lightning_module
-        exceptions_handled(module._trainer.callbacks if module and module._trainer else [])
+        exceptions_handled(self._trainer())
         super().on_exception(exception)  # type: ignore[misc]
 
     def teardown(self) -> None:
         """Tear DDP down; the train loader is kept so ``plan`` stays readable after fit."""
+        exceptions_handled(self._trainer())  # an exception's handlers ran, whatever stopped them
         self._step_sizes = None
         super().teardown()  # type: ignore[misc]

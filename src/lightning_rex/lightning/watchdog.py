@@ -24,10 +24,12 @@ its verdict. When a rank is silent, every rank's thread acts:
 
 When a fit ends on an exception, the watchdog goes on watching the exception's handlers
 (``on_exception`` hooks and their collectives, such as ``OnExceptionCheckpoint``'s) until the
-strategy has run them all (:meth:`HangWatchdog.stop`); a rank still inside them a limit later
-is ended. Other ranks also act when rank 0's verdicts stop coming (its process froze) or its
-store stops answering (it died), for as long as the limit. The cost is one store write per
-rank and one read (rank 0: one read of every key) per poll.
+strategy has run them all (:meth:`HangWatchdog.stop`); a rank still inside them
+``CLOSING_LIMITS`` limits later is ended. Rank 0 ages a publication that stops changing on
+its own clock, so a rank whose process froze or died is found too. Other ranks also act when
+rank 0's verdicts stop coming (its process froze) or its store stops answering (it died), for
+as long as the limit. The cost is one store write per rank and one read (rank 0: one read of
+every key) per poll.
 """
 
 from __future__ import annotations
@@ -50,12 +52,15 @@ import numpy as np
 from lightning_rex.driver.errors import RexRankError
 from lightning_rex.driver.hang import Hang, HangDetector
 
-__all__ = ["GRACE_POLLS", "GRACE_S", "HangWatchdog", "default_store"]
+__all__ = ["CLOSING_LIMITS", "GRACE_POLLS", "GRACE_S", "HangWatchdog", "default_store"]
 
 _SIGNAL = getattr(signal, "SIGUSR2", None)
 _ENDED, _ENDED_ON_ERROR = -1, -2  # rank 0's verdict sequence when its fit ended
 GRACE_S, GRACE_POLLS = 10.0, 3
 """Seconds, or polls if longer, from raising the error to ending a process still running."""
+CLOSING_LIMITS = 3
+"""Limits a fit's exception handlers may run (a checkpoint write among them) before the
+process is ended as stuck in them (a collective no peer joins)."""
 
 
 def default_store() -> Any | None:
@@ -124,6 +129,9 @@ class HangWatchdog:
         self._installed = self._raised = False
         self._closing_until: float | None = None
         self._exit_at: float | None = None
+        self._lock = threading.Lock()
+        self._seen: dict[int, tuple[str, float]] = {}  # rank 0: each rank's publication, when
+        self._published = 0
 
     # ------------------------------------------------------------------ main thread
     def advance(self, step_end: bool = False) -> None:
@@ -132,8 +140,9 @@ class HangWatchdog:
         Args:
             step_end: Whether this point ends a step (its time measures the step).
         """
-        self.progress += 1
+        # the time first: a reader (the thread) that sees the new count sees its new age
         self._moved = now = self._clock()
+        self.progress += 1
         if step_end:
             self._ends.append(now)
 
@@ -166,29 +175,33 @@ class HangWatchdog:
         self._thread.start()
 
     def close(self) -> None:
-        """The fit is ending on an exception: watch its handlers, for a limit at most.
+        """The fit is ending on an exception: watch its handlers until :meth:`stop`.
 
-        Until :meth:`stop`, the watchdog keeps its rule (and ends a rank still inside the
-        handlers a limit from now); a store that stops answering is no longer taken for a
-        hang (rank 0 may have finished its handlers and gone). A pending exit is put off
-        to the same deadline: the main thread is running the handlers.
+        The rule still holds (rex's own collectives in the handlers advance the progress),
+        and a rank still inside the handlers ``CLOSING_LIMITS`` limits from now is ended; a
+        store that stops answering is no longer taken for a hang (rank 0 may have finished
+        its handlers and gone). After a verdict, the exit keeps its time: the peers are
+        gone or stuck, so the handlers' collectives cannot complete.
         """
-        until = self._clock() + self.limit_s()
-        self._closing_until = until
-        if self._exit_at is not None:
-            self._exit_at = max(self._exit_at, until)
+        self._closing_until = self._clock() + CLOSING_LIMITS * self.limit_s()
 
-    def stop(self) -> None:
-        """Stop watching (the fit ended, or the strategy ran every exception handler)."""
-        self._stop.set()
+    def stop(self, on_error: bool = False) -> None:
+        """Stop watching (the fit ended, or every exception handler has run).
+
+        Args:
+            on_error: The fit ended on an exception: rank 0 tells the others so, and they
+                go on watching rank 0 (its process may be gone while they are stuck).
+        """
+        with self._lock:  # no signal is sent once the old handler is back
+            self._stop.set()
+            if self._installed and threading.current_thread() is threading.main_thread():
+                signal.signal(_SIGNAL, self._old_handler)  # type: ignore[arg-type]
+                self._installed = False
         if self.rank == 0 and self.error is None:
             # the other ranks stop too, rather than take rank 0's silence for a hang
-            seq = _ENDED if self._closing_until is None else _ENDED_ON_ERROR
+            seq = _ENDED_ON_ERROR if on_error or self._closing_until is not None else _ENDED
             with contextlib.suppress(Exception):
                 self.store.set(self._prefix + "v", json.dumps({"seq": seq, "hang": None}))
-        if self._installed and threading.current_thread() is threading.main_thread():
-            signal.signal(_SIGNAL, self._old_handler)  # type: ignore[arg-type]
-            self._installed = False
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
             if not self._thread.is_alive():
@@ -201,12 +214,17 @@ class HangWatchdog:
         if self.error is not None and not self._raised:
             self._raised = True  # once: a later delivery must not break the handlers
             raise self.error
+        if self.error is None and callable(self._old_handler):
+            self._old_handler(signum, frame)  # a SIGUSR2 that is not ours: its own handler
 
     # ------------------------------------------------------------------ the thread
     def _publish(self) -> None:
+        # the count is read before its age (advance() writes them the other way round)
+        count = self.progress
+        self._published += 1
         self.store.set(
             self._prefix + f"p{self.rank}",
-            f"{self.progress} {self.typical_step_s():.6g} {self.age_s():.6g}",
+            f"{count} {self.typical_step_s():.6g} {self.age_s():.6g} {self._published}",
         )
 
     def _run(self) -> None:
@@ -216,7 +234,10 @@ class HangWatchdog:
             now = self._clock()
             closing = self._closing_until is not None
             if self._closing_until is not None and now > self._closing_until:
-                self._exit("its exception handlers ran for a whole limit (a collective in them)")
+                self._exit(
+                    f"its exception handlers ran for {CLOSING_LIMITS} limits (a collective in"
+                    " them that no other rank joins)"
+                )
                 return
             hang = None
             try:
@@ -263,12 +284,21 @@ class HangWatchdog:
         if raw is None:
             raw = [self.store.get(k) for k in keys]
         progress, steps, ages = [], [], []
-        for value in raw:
-            count, step_s, age_s = bytes(value).decode().split()
+        now = self._clock()
+        for r, value in enumerate(raw):
+            text = bytes(value).decode()
+            count, step_s, age_s, _ = text.split()
+            # a publication that has not changed since rank 0 first read it (a rank frozen,
+            # killed or cut off) ages on rank 0's own clock from then on
+            first = self._seen.get(r)
+            if first is None or first[0] != text:
+                self._seen[r] = first = (text, now)
             progress.append(int(count))
             steps.append(float(step_s))
-            ages.append(float(age_s))
-        progress[0], ages[0] = self.progress, self.age_s()  # its own, as they are now
+            ages.append(float(age_s) + now - first[1])
+        # its own, as they are now (the count before its age, as advance() writes them)
+        progress[0] = self.progress
+        ages[0] = self.age_s()
         hang = self.detector.observe(progress, steps, ages)
         seq = int(self._clock() * 1000) & 0x7FFFFFFF
         body = None if hang is None else dataclasses.asdict(hang)
@@ -304,15 +334,13 @@ class HangWatchdog:
         if silent == self.rank:
             self._wait_for_readers(others)
         self.error = error
-        ours = self._installed and _SIGNAL is not None and signal.getsignal(_SIGNAL) == self._raise
-        if ours and self._main is not None and _SIGNAL is not None:
-            with contextlib.suppress(Exception):
-                signal.pthread_kill(self._main, _SIGNAL)
+        with self._lock:  # stop() cannot put the old handler back in between
+            if self._installed and not self._stop.is_set() and self._main is not None:
+                with contextlib.suppress(Exception):
+                    signal.pthread_kill(self._main, _SIGNAL)  # type: ignore[arg-type]
         if self.rank == 0:
             self._wait_for_readers(others)  # its process may host the store
         self._exit_at = self._clock() + self.grace_s
-        if self._closing_until is not None:
-            self._exit_at = max(self._exit_at, self._closing_until)
         while not self._stop.is_set():
             left = self._exit_at - self._clock()
             if left <= 0:
@@ -321,6 +349,9 @@ class HangWatchdog:
             self._stop.wait(min(left, self.poll_s))
 
     def _exit(self, why: str) -> None:
-        sys.stderr.write(f"lightning-rex: ending rank {self.rank}'s process: {why}\n")
-        sys.stderr.flush()
-        os._exit(1)
+        with self._lock:
+            if self._stop.is_set():
+                return  # stopped meanwhile: the fit ended after all
+            sys.stderr.write(f"lightning-rex: ending rank {self.rank}'s process: {why}\n")
+            sys.stderr.flush()
+            os._exit(1)
