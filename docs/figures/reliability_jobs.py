@@ -23,7 +23,8 @@ def render_reliability(data: dict[str, Any]) -> dict[str, str]:
     ends = [t for h in r["hangs"] for t in h["ended_s"]]
     polls = (max(ends) - r["limit_s"]) / r["poll_s"]
     pause = [ok for name, ok in r["watchdog"].items() if "pause" in name]
-    signals = r["preemption"]
+    repeated = {k: ok for k, ok in r["preemption"].items() if "world_size" not in k}
+    other_size = [ok for k, ok in r["preemption"].items() if "world_size" in k]
     return {
         "watchdog-hang": (
             f"{_s(min(ends))} to {_s(max(ends))} after the hang, at a limit of "
@@ -36,7 +37,8 @@ def render_reliability(data: dict[str, Any]) -> dict[str, str]:
             f"limit of {r['limit_s']:g} s)"
         ),
         "preemption-trials": (
-            f"{sum(signals.values())} of {len(signals)} cases passed, each interrupted and "
-            f"resumed {r['signals']} times"
+            f"{sum(repeated.values())} of {len(repeated)} cases passed, each interrupted and "
+            f"resumed {r['signals']} times; the resume on another world size "
+            f"{'passed' if all(other_size) else 'failed'}"
         ),
     }
