@@ -29,6 +29,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -78,8 +79,6 @@ class SignalCatcher:
         Returns:
             Whether they were installed.
         """
-        import threading
-
         if threading.current_thread() is not threading.main_thread() or self._previous:
             return False
         for signum in self.signals:
@@ -88,8 +87,6 @@ class SignalCatcher:
 
     def uninstall(self) -> None:
         """Put back the handlers that were there before (main thread only)."""
-        import threading
-
         if threading.current_thread() is not threading.main_thread():
             return
         for signum, handler in self._previous.items():

@@ -128,7 +128,6 @@ class HangWatchdog:
         self._old_handler: Any = None
         self._installed = self._raised = False
         self._closing_until: float | None = None
-        self._exit_at: float | None = None
         self._lock = threading.Lock()
         self._seen: dict[int, tuple[str, float]] = {}  # rank 0: each rank's publication, when
         self._published = 0
@@ -232,8 +231,9 @@ class HangWatchdog:
         failing_since: float | None = None
         while not self._stop.wait(self.poll_s):
             now = self._clock()
-            closing = self._closing_until is not None
-            if self._closing_until is not None and now > self._closing_until:
+            until = self._closing_until
+            closing = until is not None
+            if until is not None and now > until:
                 self._exit(
                     f"its exception handlers ran for {CLOSING_LIMITS} limits (a collective in"
                     " them that no other rank joins)"
@@ -340,9 +340,9 @@ class HangWatchdog:
                     signal.pthread_kill(self._main, _SIGNAL)  # type: ignore[arg-type]
         if self.rank == 0:
             self._wait_for_readers(others)  # its process may host the store
-        self._exit_at = self._clock() + self.grace_s
+        exit_at = self._clock() + self.grace_s
         while not self._stop.is_set():
-            left = self._exit_at - self._clock()
+            left = exit_at - self._clock()
             if left <= 0:
                 self._exit(f"{type(error).__name__}: {error}")
                 return
